@@ -1,0 +1,61 @@
+"""cffi builder of the C core (API mode).
+
+The cdef is read from the one public header, ``_core/socknotify.h``, between
+its CDEF markers, so the C declarations and what Python sees cannot drift.
+``setup.py`` names ``socknotify_loop/_build.py:ffibuilder`` in
+``cffi_modules``; the Windows cross-build (``tools/winbuild.py``) imports the
+same ``ffibuilder`` and emits its C code for mingw-w64.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORE = os.path.join(HERE, "_core")
+HEADER = os.path.join(CORE, "socknotify.h")
+
+# One C file per concern; each backend file compiles to nothing on the
+# operating systems it does not serve (#ifdef guards inside).
+SOURCES = ["sn_port.c", "sn_epoll.c", "sn_iocp.c", "sn_afd.c"]
+
+
+def read_cdef(path: str = HEADER) -> str:
+    """Return the declarations between the header's CDEF markers."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    match = re.search(r"/\* CDEF-BEGIN \*/(.*)/\* CDEF-END \*/", text, re.S)
+    if match is None:
+        raise RuntimeError(f"{path}: CDEF markers not found")
+    return match.group(1)
+
+
+def windows_libraries() -> list[str]:
+    """Libraries the Windows backends link against."""
+    return ["ws2_32", "ntdll"]
+
+
+def make_builder(target_windows: bool | None = None) -> FFI:
+    """Build the FFI object; target_windows overrides the host OS (cross builds)."""
+    if target_windows is None:
+        target_windows = sys.platform == "win32"
+    builder = FFI()
+    builder.cdef(read_cdef())
+    builder.set_source(
+        "socknotify_loop._socknotify",
+        '#include "socknotify.h"\n',
+        sources=[os.path.relpath(os.path.join(CORE, name)) for name in SOURCES],
+        include_dirs=[os.path.relpath(CORE)],
+        libraries=windows_libraries() if target_windows else [],
+        extra_compile_args=[] if target_windows else ["-std=c99", "-Wall", "-Wextra"],
+    )
+    return builder
+
+
+ffibuilder = make_builder()
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

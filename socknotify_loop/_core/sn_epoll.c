@@ -1,0 +1,316 @@
+/*
+ * sn_epoll.c -- the notification-port contract on Linux epoll.
+ *
+ * The OS model. An epoll instance holds "interest items" keyed by (file
+ * description, fd number); epoll_ctl changes one item per system call and
+ * epoll_wait dequeues ready items. EPOLLONESHOT disarms an item after one
+ * report until the next EPOLL_CTL_MOD, which is exactly SOCK_NOTIFY's
+ * LEVEL|ONESHOT; without it an item is persistent, and EPOLLET makes it
+ * edge-triggered. So the mapping is direct:
+ *     OP_ENABLE   EPOLL_CTL_MOD, or EPOLL_CTL_ADD when the fd has no item
+ *     OP_DISABLE  EPOLL_CTL_DEL (see below)
+ *     OP_REMOVE   EPOLL_CTL_DEL, then a REMOVE event of our own
+ *     post()      a queue of ours plus an eventfd that wakes the wait
+ *
+ * The hazards, and so why the code is the way it is:
+ *   - epoll cannot apply registrations and wait in one transition; Linux
+ *     pays one epoll_ctl per change. The contract (apply, then wait) is kept;
+ *     the saving that batching buys on Windows is not available here.
+ *   - EPOLLERR and EPOLLHUP are reported whatever the interest mask says,
+ *     even a mask of 0, so "disabled" cannot be a MOD to an empty mask: a
+ *     disabled registration is deleted from epoll, and the next ENABLE adds
+ *     it back (MOD fails with ENOENT, then ADD).
+ *   - The kernel removes an item by itself when the last fd referring to the
+ *     file description is closed, queued readiness included. A closed and
+ *     reused fd number is therefore new to epoll: MOD says ENOENT, we ADD.
+ *     (A dup() of a registered fd keeps the old item alive; do not register
+ *     dup'd descriptors on one port.)
+ *   - REMOVE and posted packets must come out of the same wait as kernel
+ *     events. They wait in a queue; an eventfd registered with a reserved
+ *     key is readable exactly while the queue is not empty, so any thread
+ *     blocked in epoll_wait wakes, and one that finds the queue already
+ *     emptied by a sibling simply waits again.
+ *
+ * Sources read: epoll(7), epoll_ctl(2) (ERR/HUP always reported, ONESHOT
+ * semantics), eventfd(2); the Winsock socket-state-notifications article for
+ * the contract; trio's _io_epoll.py and CPython's selectors.EpollSelector for
+ * how they map EPOLLHUP/EPOLLERR to "readable and writable".
+ */
+#ifdef __linux__
+
+#define _GNU_SOURCE
+#include "sn_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+/* The eventfd's key: bit 63 set, so it can never equal a kernel key. */
+#define EPOLL_WAKE_KEY 0xFFFFFFFFFFFFFFFFull
+
+typedef struct epoll_port {
+    int epfd;
+    int wakefd;
+    sn_mutex_t queue_lock;      /* guards the queue */
+    sn_kevent_t *queue;         /* ring buffer of REMOVE and posted events */
+    uint32_t queue_head;
+    uint32_t queue_len;
+    uint32_t queue_cap;         /* power of two, or 0 */
+} epoll_port_t;
+
+static int epoll__queue_push(epoll_port_t *ep, uint64_t key, uint32_t events,
+                             uint32_t posted) {
+    sn_kevent_t *slot;
+    int err = 0;
+
+    sn_mutex_lock(&ep->queue_lock);
+    if (ep->queue_len == ep->queue_cap) {
+        uint32_t new_cap = ep->queue_cap ? ep->queue_cap * 2 : 16;
+        sn_kevent_t *bigger = malloc((size_t)new_cap * sizeof *bigger);
+        uint32_t i;
+        if (bigger == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
+        for (i = 0; i < ep->queue_len; i++)
+            bigger[i] = ep->queue[(ep->queue_head + i) & (ep->queue_cap - 1)];
+        free(ep->queue);
+        ep->queue = bigger;
+        ep->queue_head = 0;
+        ep->queue_cap = new_cap;
+    }
+    slot = &ep->queue[(ep->queue_head + ep->queue_len) & (ep->queue_cap - 1)];
+    slot->key = key;
+    slot->events = events;
+    slot->posted = posted;
+    ep->queue_len++;
+    if (ep->queue_len == 1) {
+        /* The queue just became non-empty: make the eventfd readable. */
+        uint64_t one = 1;
+        if (write(ep->wakefd, &one, sizeof one) < 0 && errno != EAGAIN) {
+            err = errno;
+            ep->queue_len--;
+        }
+    }
+out:
+    sn_mutex_unlock(&ep->queue_lock);
+    return err;
+}
+
+static uint32_t epoll__queue_take(epoll_port_t *ep, sn_kevent_t *out, uint32_t max) {
+    uint32_t n = 0;
+    sn_mutex_lock(&ep->queue_lock);
+    while (n < max && ep->queue_len > 0) {
+        out[n++] = ep->queue[ep->queue_head];
+        ep->queue_head = (ep->queue_head + 1) & (ep->queue_cap - 1);
+        ep->queue_len--;
+    }
+    if (ep->queue_len == 0) {
+        /* Empty again: drain the eventfd so waiters stop waking. */
+        uint64_t count;
+        ssize_t ignored = read(ep->wakefd, &count, sizeof count);
+        (void)ignored;
+    }
+    sn_mutex_unlock(&ep->queue_lock);
+    return n;
+}
+
+static int epoll__open(sn_port_t *port) {
+    epoll_port_t *ep = calloc(1, sizeof *ep);
+    struct epoll_event ev;
+    int err;
+
+    if (ep == NULL)
+        return ENOMEM;
+    ep->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (ep->epfd < 0)
+        goto err1;
+    ep->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (ep->wakefd < 0)
+        goto err2;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.u64 = EPOLL_WAKE_KEY;
+    if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, ep->wakefd, &ev) < 0)
+        goto err3;
+    sn_mutex_init(&ep->queue_lock);
+    port->impl = ep;
+    return 0;
+
+err3:
+    err = errno;
+    close(ep->wakefd);
+    errno = err;
+err2:
+    err = errno;
+    close(ep->epfd);
+    errno = err;
+err1:
+    err = errno;
+    free(ep);
+    return err;
+}
+
+static uint32_t epoll__interest(uint16_t events, uint8_t trigger) {
+    uint32_t interest = 0;
+    if (events & SN_EVENT_IN)
+        interest |= EPOLLIN;
+    if (events & SN_EVENT_OUT)
+        interest |= EPOLLOUT;
+    if (events & SN_EVENT_HANGUP)
+        interest |= EPOLLRDHUP;
+    if (trigger & SN_TRIGGER_ONESHOT)
+        interest |= EPOLLONESHOT;
+    if (trigger & SN_TRIGGER_EDGE)
+        interest |= EPOLLET;
+    return interest;
+}
+
+static uint32_t epoll__events(uint32_t ready) {
+    uint32_t events = 0;
+    if (ready & EPOLLIN)
+        events |= SN_EVENT_IN;
+    if (ready & EPOLLOUT)
+        events |= SN_EVENT_OUT;
+    if (ready & (EPOLLRDHUP | EPOLLHUP))
+        events |= SN_EVENT_HANGUP;
+    if (ready & EPOLLERR)
+        events |= SN_EVENT_ERR;
+    return events;
+}
+
+static uint32_t epoll__apply(epoll_port_t *ep, const sn_registration_t *reg) {
+    int fd = (int)reg->socket;
+    struct epoll_event ev;
+
+    if (reg->socket > 0x7fffffff)
+        return EBADF;
+    memset(&ev, 0, sizeof ev);
+    switch (reg->op) {
+    case SN_OP_ENABLE:
+        ev.events = epoll__interest(reg->events, reg->trigger);
+        ev.data.u64 = reg->key;
+        if (epoll_ctl(ep->epfd, EPOLL_CTL_MOD, fd, &ev) == 0)
+            return 0;
+        if (errno != ENOENT)
+            return (uint32_t)errno;
+        if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &ev) == 0)
+            return 0;
+        return (uint32_t)errno;
+    case SN_OP_DISABLE:
+        /* Deleting is the only way to silence EPOLLERR/EPOLLHUP too. An fd
+           already disabled has no item: that is success, if it is open. */
+        if (epoll_ctl(ep->epfd, EPOLL_CTL_DEL, fd, &ev) == 0)
+            return 0;
+        if (errno == ENOENT && fcntl(fd, F_GETFD) >= 0)
+            return 0;
+        return (uint32_t)errno;
+    case SN_OP_REMOVE:
+        if (epoll_ctl(ep->epfd, EPOLL_CTL_DEL, fd, &ev) != 0) {
+            /* ENOENT on an open fd: the registration was disabled. */
+            if (!(errno == ENOENT && fcntl(fd, F_GETFD) >= 0))
+                return (uint32_t)errno;
+        }
+        return (uint32_t)epoll__queue_push(ep, reg->key, SN_EVENT_REMOVE, 0);
+    default:
+        return 0;   /* SN_OP_NONE: a placeholder the port layer rejected */
+    }
+}
+
+static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
+                          int64_t timeout_ms, sn_kevent_t *events,
+                          uint32_t max_events, uint32_t *received) {
+    epoll_port_t *ep = port->impl;
+    struct epoll_event stack_ready[128];
+    struct epoll_event *ready = stack_ready;
+    uint32_t ready_cap = 128;
+    int64_t deadline = timeout_ms > 0 ? sn_now_ms() + timeout_ms : 0;
+    uint32_t i, n = 0;
+    int err = 0;
+
+    for (i = 0; i < count; i++)
+        regs[i].result = epoll__apply(ep, &regs[i]);
+
+    if (max_events < ready_cap)
+        ready_cap = max_events;
+    else if (max_events > ready_cap) {
+        ready = malloc((size_t)max_events * sizeof *ready);
+        if (ready == NULL)
+            return ENOMEM;
+        ready_cap = max_events;
+    }
+
+    for (;;) {
+        int wait_ms, got, j, woken = 0;
+
+        n = epoll__queue_take(ep, events, max_events);
+        if (n == max_events)
+            break;
+        if (n > 0 || timeout_ms == 0)
+            wait_ms = 0;
+        else if (timeout_ms < 0)
+            wait_ms = -1;
+        else {
+            int64_t left = deadline - sn_now_ms();
+            wait_ms = left <= 0 ? 0 : (left > 0x7fffffff ? 0x7fffffff : (int)left);
+        }
+        got = epoll_wait(ep->epfd, ready, (int)(ready_cap - n), wait_ms);
+        if (got < 0) {
+            /* EINTR: report what we have; the caller sees a short wait,
+               like select() returning [] on a signal. */
+            if (errno != EINTR)
+                err = errno;
+            break;
+        }
+        for (j = 0; j < got; j++) {
+            if (ready[j].data.u64 == EPOLL_WAKE_KEY) {
+                woken = 1;
+                continue;
+            }
+            events[n].key = ready[j].data.u64;
+            events[n].events = epoll__events(ready[j].events);
+            events[n].posted = 0;
+            n++;
+        }
+        if (woken && n < max_events)
+            n += epoll__queue_take(ep, events + n, max_events - n);
+        /* Woken only to find a sibling took the queue: wait again. */
+        if (n == 0 && woken && wait_ms != 0)
+            continue;
+        break;
+    }
+    if (ready != stack_ready)
+        free(ready);
+    *received = n;
+    return err;
+}
+
+static int epoll__post(sn_port_t *port, uint64_t key) {
+    return epoll__queue_push(port->impl, key, 0, 1);
+}
+
+static void epoll__close(sn_port_t *port) {
+    epoll_port_t *ep = port->impl;
+    if (ep == NULL)
+        return;
+    close(ep->wakefd);
+    close(ep->epfd);
+    sn_mutex_destroy(&ep->queue_lock);
+    free(ep->queue);
+    free(ep);
+    port->impl = NULL;
+}
+
+const sn_backend_ops_t sn_epoll_ops = {
+    "epoll",
+    epoll__open,
+    epoll__process,
+    epoll__post,
+    epoll__close,
+};
+
+#endif /* __linux__ */
