@@ -1,0 +1,107 @@
+"""Conformance runs of CPython's own tests against NotifySelector and Loop.
+
+- Exclusions: every test that cannot apply is listed in ``exclusions.txt``
+  with its reason; it is skipped with that reason, nothing else is.
+- Modules that build their loops with ``asyncio.new_event_loop()`` (not a
+  factory method) are run with our policy made the default for the duration
+  of each test, and every such module must have created at least one of our
+  loops, or the run fails: a binding that silently tested the stock loop
+  would otherwise pass unnoticed.
+"""
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+import sys
+
+import pytest
+
+from socknotify_loop.loop import Loop
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_created = {}   # module name -> number of our loops created by its tests
+
+
+def _load_exclusions():
+    """Lines: ``<pattern> [py<=X.Y|py>=X.Y|win32|linux ...] # reason``."""
+    entries = []
+    with open(os.path.join(HERE, "exclusions.txt"), encoding="utf-8") as f:
+        for number, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            spec, _, reason = line.partition("#")
+            words = spec.split()
+            if not reason.strip():
+                raise ValueError(f"exclusions.txt:{number}: an exclusion needs a reason")
+            entries.append((words[0], words[1:], reason.strip()))
+    return entries
+
+
+def _applies(conditions) -> bool:
+    version = sys.version_info[:2]
+    for condition in conditions:
+        if condition in ("win32", "linux"):
+            if not sys.platform.startswith(condition):
+                return False
+        elif condition.startswith("py<="):
+            if version > tuple(int(x) for x in condition[4:].split(".")):
+                return False
+        elif condition.startswith("py>="):
+            if version < tuple(int(x) for x in condition[4:].split(".")):
+                return False
+        elif condition.startswith("backend="):
+            from socknotify_loop.port import backend_info
+            if backend_info()["backend"] != condition[8:]:
+                return False
+        else:
+            raise ValueError(f"unknown exclusion condition {condition!r}")
+    return True
+
+
+EXCLUSIONS = _load_exclusions()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not item.nodeid.startswith("tests/conformance/") and "conformance" not in item.nodeid:
+            continue
+        short = item.nodeid.split("conformance/", 1)[-1]
+        for pattern, conditions, reason in EXCLUSIONS:
+            if fnmatch.fnmatchcase(short, pattern) and _applies(conditions):
+                item.add_marker(pytest.mark.skip(reason=f"excluded: {reason}"))
+                break
+
+
+class _ConformancePolicy(asyncio.DefaultEventLoopPolicy):
+    """The platform's default policy (child watchers and all on Unix),
+    creating our Loop: what CPython's tests expect a default policy to be."""
+    _loop_factory = Loop
+
+
+@pytest.fixture(autouse=True)
+def _our_loop_by_default(request, monkeypatch):
+    """Make asyncio.new_event_loop() and the default policy give our Loop,
+    and count our loops per module."""
+    module = request.node.module.__name__
+    original_init = Loop.__init__
+
+    def counting_init(self, *args, **kwargs):
+        _created[module] = _created.get(module, 0) + 1
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Loop, "__init__", counting_init)
+    monkeypatch.setattr(asyncio, "DefaultEventLoopPolicy", _ConformancePolicy)
+    monkeypatch.setattr(asyncio.events, "_event_loop_policy", None, raising=False)
+    yield
+    asyncio.set_event_loop_policy(None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    ran = {item.module.__name__ for item in session.items
+           if "conformance" in item.nodeid and not item.get_closest_marker("skip")}
+    silent = sorted(m for m in ran if not _created.get(m))
+    if silent and exitstatus == 0 and not session.config.option.collectonly:
+        print(f"\nconformance: these modules never created a socknotify_loop Loop: {silent}")
+        session.exitstatus = 1

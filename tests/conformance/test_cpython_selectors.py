@@ -1,0 +1,14 @@
+"""CPython's Lib/test/test_selectors.py bound to NotifySelector."""
+import unittest
+
+from socknotify_loop.selector import NotifySelector
+
+from ._bind import cpython_test_module
+
+test_selectors = cpython_test_module("test_selectors")
+
+
+class NotifySelectorTestCase(test_selectors.BaseSelectorTestCase,
+                             test_selectors.ScalableSelectorMixIn,
+                             unittest.TestCase):
+    SELECTOR = NotifySelector
