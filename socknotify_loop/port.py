@@ -328,7 +328,7 @@ class Port:
             registrations[index].result = code
         if failures:
             index, code = failures[0]
-            self._held.extend(notifications)
+            self._hold(notifications)
             error = _os_error(code, f"registration {index} ({registrations[index]!r}) failed")
             error.registration = registrations[index]  # type: ignore[attr-defined]
             raise error
@@ -347,11 +347,13 @@ class Port:
         if not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"max_events must be a positive integer, not {max_events!r}")
         timeout_ms = _timeout_ms(timeout)
-        held = self._held
-        if held:
+        held = None
+        if self._held:
             # A previous call raised after dequeuing: hand those over first
-            # and do not block while doing so.
-            self._held = []
+            # and do not block while doing so. Threads share the list.
+            with self._lock:
+                held, self._held = self._held, []
+        if held:
             timeout_ms = 0
             max_events = max(1, max_events - len(held))
 
@@ -398,9 +400,15 @@ class Port:
         if held:
             notifications = held + notifications
         if err:
-            self._held = notifications + self._held
+            self._hold(notifications)
             raise _os_error(err, "waiting on the port failed")
         return notifications, failures
+
+    def _hold(self, notifications: List[Tuple[int, int]]) -> None:
+        """Keep notifications of a call that raises for the next call."""
+        if notifications:
+            with self._lock:
+                self._held = notifications + self._held
 
     def _take_buffer(self, max_events: int):
         try:
