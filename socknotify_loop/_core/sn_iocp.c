@@ -1,0 +1,324 @@
+/*
+ * sn_iocp.c -- the notification port on a Windows I/O completion port.
+ *
+ * The OS model. Windows 11 and Server 2022 give readiness notifications a
+ * home in the completion port itself: ProcessSocketNotifications (PSN)
+ * applies a batch of registrations (socket, key, event filter, ENABLE /
+ * DISABLE / REMOVE, LEVEL or EDGE, ONESHOT or PERSISTENT) and then dequeues
+ * completion packets, in one kernel transition. A notification is a packet
+ * whose lpCompletionKey is the registration's key and whose
+ * dwNumberOfBytesTransferred holds the SOCK_NOTIFY_EVENT_* mask; anything
+ * posted with PostQueuedCompletionStatus comes out of the same call. Where
+ * PSN is missing (Windows 10, Server 2019, Wine) sn_afd.c provides a
+ * function with the same signature and contract, built on IOCTL_AFD_POLL.
+ * This file is the port code for both: one completion port, and one
+ * pointer saying which of the two functions processes it. That is the whole
+ * difference between the "psn" and "afd" backends.
+ *
+ * The hazards, and so why the code is the way it is:
+ *   - PSN is not in mingw-w64 10's headers, and not in ws2_32 before
+ *     Windows 11. Its types are declared in sn_win.h (layout checked below
+ *     against the SDK's x64 offsets) and the function is looked up at run
+ *     time, so the extension still loads where it is missing and the afd
+ *     backend takes over.
+ *   - The kernel gives back whatever key was registered, 64 bits wide. The
+ *     port layer (sn_port.c) never registers keys with bit 63 set, so that
+ *     half of the key space is ours: SN_POST_COMPLETION_KEY marks packets of
+ *     sn_port_post(), whose caller key travels in lpOverlapped (a packet
+ *     posted through the port is never an OVERLAPPED the kernel touches, so
+ *     the pointer-sized field is free to carry a number), and
+ *     SN_AFD_COMPLETION_KEY marks the polyfill's internal packets, which it
+ *     consumes before they reach us.
+ *   - PSN's and our structures have the same field order but not the same
+ *     types (a SOCKET and a PVOID against two uint64_t on x64, and our
+ *     result field is .result, theirs .registrationResult): every field is
+ *     converted explicitly, never by casting one array to the other.
+ *   - "Nothing arrived in time" is WAIT_TIMEOUT (258) in the SDK headers
+ *     and ERROR_TIMEOUT (1460) on one documentation page: both are a
+ *     timeout, not a failure. Registration results are valid either way.
+ *   - The timeout is a UINT32 whose maximum means INFINITE: the port's own
+ *     SN_INFINITE maps to it, and finite waits are clamped just below it,
+ *     so a long but finite timeout never turns into forever.
+ *
+ * A later concern, noted here so that the key scheme leaves room for it:
+ * pipes and subprocesses will issue overlapped I/O on the same port. Their
+ * completions will carry further reserved keys (bit 63 set, distinct from
+ * the two above) with lpOverlapped pointing at an OVERLAPPED embedded in a
+ * request object; this file will translate them into a new kind of event
+ * (sn_kevent_t would grow a field for the bytes/status) instead of the
+ * posted packet they would be mistaken for today. Until then a packet with
+ * an unknown reserved key cannot occur, and is dropped if it does.
+ *
+ * Sources read: the Winsock socket-state-notifications article and its C
+ * samples (the seeds), the learn.microsoft.com pages for
+ * ProcessSocketNotifications, SOCK_NOTIFY_REGISTRATION and
+ * GetQueuedCompletionStatusEx, and windows-sys for the SDK's layout.
+ */
+#ifdef _WIN32
+
+#include "sn_internal.h"
+#include "sn_win.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+
+/* The SDK's x64 layout, which the kernel reads: checked, not assumed. */
+#ifdef _WIN64
+_Static_assert(sizeof(SOCK_NOTIFY_REGISTRATION) == 24, "SOCK_NOTIFY_REGISTRATION size");
+_Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, socket) == 0, "socket offset");
+_Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, completionKey) == 8, "completionKey offset");
+_Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, eventFilter) == 16, "eventFilter offset");
+_Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, operation) == 18, "operation offset");
+_Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, triggerFlags) == 19, "triggerFlags offset");
+_Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, registrationResult) == 20,
+               "registrationResult offset");
+_Static_assert(sizeof(OVERLAPPED_ENTRY) == 32, "OVERLAPPED_ENTRY size");
+#endif
+
+/* Our constants are PSN's values (socknotify.h says so; keep it true). */
+_Static_assert(SN_EVENT_IN == SOCK_NOTIFY_EVENT_IN && SN_EVENT_OUT == SOCK_NOTIFY_EVENT_OUT &&
+               SN_EVENT_HANGUP == SOCK_NOTIFY_EVENT_HANGUP &&
+               SN_EVENT_ERR == SOCK_NOTIFY_EVENT_ERR &&
+               SN_EVENT_REMOVE == SOCK_NOTIFY_EVENT_REMOVE, "event values");
+_Static_assert(SN_OP_ENABLE == SOCK_NOTIFY_OP_ENABLE && SN_OP_DISABLE == SOCK_NOTIFY_OP_DISABLE &&
+               SN_OP_REMOVE == SOCK_NOTIFY_OP_REMOVE, "operation values");
+_Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
+               SN_TRIGGER_PERSISTENT == SOCK_NOTIFY_TRIGGER_PERSISTENT &&
+               SN_TRIGGER_LEVEL == SOCK_NOTIFY_TRIGGER_LEVEL &&
+               SN_TRIGGER_EDGE == SOCK_NOTIFY_TRIGGER_EDGE, "trigger values");
+
+/* Batches this small translate on the stack. */
+#define IOCP_STACK_REGS 32
+#define IOCP_STACK_ENTRIES 128
+
+/* ------------------------------------------------------------ Windows glue */
+
+void sn_mutex_init(sn_mutex_t *m) { InitializeSRWLock(m); }
+void sn_mutex_lock(sn_mutex_t *m) { AcquireSRWLockExclusive(m); }
+void sn_mutex_unlock(sn_mutex_t *m) { ReleaseSRWLockExclusive(m); }
+void sn_mutex_destroy(sn_mutex_t *m) { (void)m; /* SRW locks own nothing */ }
+
+int64_t sn_now_ms(void) {
+    /* Monotonic; ticks of 10-16 ms, which is the resolution of the waits
+       it recomputes anyway. */
+    return (int64_t)GetTickCount64();
+}
+
+/* --------------------------------------------------------------- PSN lookup */
+
+static sn_process_socket_notifications_fn iocp__psn;
+static INIT_ONCE iocp__psn_once = INIT_ONCE_STATIC_INIT;
+
+static BOOL CALLBACK iocp__psn_lookup(PINIT_ONCE once, PVOID param, PVOID *context) {
+    HMODULE ws2 = GetModuleHandleW(L"ws2_32.dll");
+    (void)once;
+    (void)param;
+    (void)context;
+    /* Normally loaded already (we link it); never unloaded once loaded. */
+    if (ws2 == NULL)
+        ws2 = LoadLibraryW(L"ws2_32.dll");
+    if (ws2 != NULL)
+        iocp__psn = (sn_process_socket_notifications_fn)(void (*)(void))
+            GetProcAddress(ws2, "ProcessSocketNotifications");
+    return TRUE;
+}
+
+int sn_psn_available(void) {
+    InitOnceExecuteOnce(&iocp__psn_once, iocp__psn_lookup, NULL, NULL);
+    return iocp__psn != NULL;
+}
+
+/* ----------------------------------------------------------------- the port */
+
+typedef struct iocp_port {
+    HANDLE iocp;
+    sn_process_socket_notifications_fn process;  /* the OS's, or the polyfill */
+    int polyfill;                                  /* 1 when process is sn_afd's */
+} iocp_port_t;
+
+static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn process,
+                      int polyfill) {
+    iocp_port_t *ip;
+    DWORD error;
+
+    ip = calloc(1, sizeof *ip);
+    if (ip == NULL)
+        return SN_ERROR_NO_MEMORY;
+    /* Concurrency 0: as many running threads as processors. */
+    ip->iocp = CreateIoCompletionPort(INVALID_HANDLE_VALUE, NULL, 0, 0);
+    if (ip->iocp == NULL)
+        goto err1;
+    ip->process = process;
+    ip->polyfill = polyfill;
+    port->impl = ip;
+    return 0;
+
+err1:
+    error = GetLastError();
+    free(ip);
+    return (int)error;
+}
+
+static int iocp__open_psn(sn_port_t *port) {
+    if (!sn_psn_available())
+        return SN_ERROR_NOT_SUPPORTED;
+    return iocp__open(port, iocp__psn, 0);
+}
+
+static int iocp__open_afd(sn_port_t *port) {
+    return iocp__open(port, sn_afd_process_socket_notifications, 1);
+}
+
+/* sn_port's timeout (ms, SN_INFINITE for ever) as PSN's UINT32. */
+static UINT32 iocp__timeout(int64_t timeout_ms) {
+    if (timeout_ms < 0)
+        return INFINITE;
+    if (timeout_ms >= (int64_t)INFINITE)
+        return INFINITE - 1;   /* finite stays finite */
+    return (UINT32)timeout_ms;
+}
+
+/* One dequeued packet as a kernel event. Returns 0 for a packet to drop. */
+static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
+    ULONG_PTR key = entry->lpCompletionKey;
+    if (key == SN_POST_COMPLETION_KEY) {
+        /* sn_port_post(): the caller's key rides in lpOverlapped. */
+        out->key = (uint64_t)(uintptr_t)entry->lpOverlapped;
+        out->events = 0;
+        out->posted = 1;
+        return 1;
+    }
+    if (key & SN_RESERVED_KEY_BIT) {
+        /* A reserved key nobody here issued (see the note at the top). */
+        return 0;
+    }
+    /* A notification: the registration's (kernel) key and its events. */
+    out->key = (uint64_t)key;
+    out->events = entry->dwNumberOfBytesTransferred;
+    out->posted = 0;
+    return 1;
+}
+
+static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
+                         int64_t timeout_ms, sn_kevent_t *events, uint32_t max_events,
+                         uint32_t *received) {
+    iocp_port_t *ip = port->impl;
+    SOCK_NOTIFY_REGISTRATION stack_regs[IOCP_STACK_REGS];
+    OVERLAPPED_ENTRY stack_entries[IOCP_STACK_ENTRIES];
+    SOCK_NOTIFY_REGISTRATION *kregs = stack_regs;
+    OVERLAPPED_ENTRY *entries = stack_entries;
+    int64_t deadline = timeout_ms > 0 ? sn_now_ms() + timeout_ms : 0;
+    DWORD rc;
+    uint32_t i;
+    int err = 0;
+
+    *received = 0;
+    if (count > IOCP_STACK_REGS) {
+        kregs = malloc((size_t)count * sizeof *kregs);
+        if (kregs == NULL) {
+            err = SN_ERROR_NO_MEMORY;
+            goto out;
+        }
+    }
+    if (max_events > IOCP_STACK_ENTRIES) {
+        entries = malloc((size_t)max_events * sizeof *entries);
+        if (entries == NULL) {
+            err = SN_ERROR_NO_MEMORY;
+            goto out;
+        }
+    }
+    for (i = 0; i < count; i++) {
+        kregs[i].socket = (SOCKET)regs[i].socket;
+        kregs[i].completionKey = (PVOID)(uintptr_t)regs[i].key;
+        kregs[i].eventFilter = regs[i].events;
+        kregs[i].operation = regs[i].op;
+        kregs[i].triggerFlags = regs[i].trigger;
+        kregs[i].registrationResult = ERROR_SUCCESS;
+    }
+
+    for (;;) {
+        UINT32 got = 0, j;
+
+        if (max_events == 0) {
+            /* PSN's rule: no room for entries means no wait at all. */
+            rc = ip->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
+        } else {
+            rc = ip->process(ip->iocp, count, count ? kregs : NULL,
+                             iocp__timeout(timeout_ms), max_events, entries, &got);
+        }
+        if (count != 0) {
+            /* Each verdict back into the caller's record. If the whole call
+               failed, nothing was applied: every change carries that error. */
+            int applied = rc == ERROR_SUCCESS || rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT;
+            for (i = 0; i < count; i++)
+                regs[i].result = applied ? (uint32_t)kregs[i].registrationResult
+                                         : (uint32_t)rc;
+            count = 0;   /* applied once; a resumed wait only dequeues */
+        }
+        if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
+            break;        /* *received stays 0 */
+        if (rc != ERROR_SUCCESS) {
+            err = (int)rc;
+            break;
+        }
+        for (j = 0; j < got; j++)
+            *received += (uint32_t)iocp__kevent(&entries[j], &events[*received]);
+        if (*received != 0 || got == 0 || timeout_ms == 0)
+            break;
+        /* Everything dequeued was dropped: resume with the time left. */
+        if (timeout_ms > 0) {
+            timeout_ms = deadline - sn_now_ms();
+            if (timeout_ms <= 0)
+                break;
+        }
+    }
+out:
+    if (kregs != stack_regs)
+        free(kregs);
+    if (entries != stack_entries)
+        free(entries);
+    return err;
+}
+
+static int iocp__post(sn_port_t *port, uint64_t key) {
+    iocp_port_t *ip = port->impl;
+    /* lpOverlapped carries the key; the kernel never dereferences a posted
+       packet's OVERLAPPED, it only hands the pointer back. */
+    if (!PostQueuedCompletionStatus(ip->iocp, 0, SN_POST_COMPLETION_KEY,
+                                    (LPOVERLAPPED)(uintptr_t)key))
+        return (int)GetLastError();
+    return 0;
+}
+
+static void iocp__close(sn_port_t *port) {
+    iocp_port_t *ip = port->impl;
+    if (ip == NULL)
+        return;
+    /* The polyfill's polls write into its memory until they complete on
+       this port: it cancels them and drains their completions while the
+       port still exists, then closes its helpers (see sn_afd_port_closed).
+       Only then may the port go. PSN registrations end with the port. */
+    if (ip->polyfill)
+        sn_afd_port_closed(ip->iocp);
+    CloseHandle(ip->iocp);
+    free(ip);
+    port->impl = NULL;
+}
+
+const sn_backend_ops_t sn_psn_ops = {
+    "psn",
+    iocp__open_psn,
+    iocp__process,
+    iocp__post,
+    iocp__close,
+};
+
+const sn_backend_ops_t sn_afd_ops = {
+    "afd",
+    iocp__open_afd,
+    iocp__process,
+    iocp__post,
+    iocp__close,
+};
+
+#endif /* _WIN32 */

@@ -1,0 +1,109 @@
+/*
+ * sn_win.h -- what sn_iocp.c (the port code) and sn_afd.c (the polyfill)
+ * share on Windows. cffi never sees this file.
+ *
+ * ProcessSocketNotifications and its types are missing from mingw-w64 10's
+ * headers, so they are declared here, with the values and x64 layout of the
+ * Windows SDK (checked by static assertions in sn_iocp.c). The polyfill
+ * exports a function with exactly the OS function's signature and contract,
+ * so the port code can call either through one pointer.
+ */
+#ifndef SN_WIN_H
+#define SN_WIN_H
+
+#ifdef _WIN32
+
+#ifndef WIN32_LEAN_AND_MEAN
+#  define WIN32_LEAN_AND_MEAN
+#endif
+#include <winsock2.h>
+#include <windows.h>
+#include <stdint.h>
+
+/* The SDK's SOCK_NOTIFY_REGISTRATION and constants (winsock2.h, Windows 11
+   SDK). Skipped if a newer toolchain's headers already have them. */
+#ifndef SOCK_NOTIFY_OP_ENABLE
+typedef struct sn_sock_notify_registration {
+    SOCKET socket;
+    PVOID completionKey;
+    UINT16 eventFilter;
+    UINT8 operation;
+    UINT8 triggerFlags;
+    DWORD registrationResult;
+} SOCK_NOTIFY_REGISTRATION;
+
+#define SOCK_NOTIFY_REGISTER_EVENT_NONE    0x00
+#define SOCK_NOTIFY_REGISTER_EVENT_IN      0x01
+#define SOCK_NOTIFY_REGISTER_EVENT_OUT     0x02
+#define SOCK_NOTIFY_REGISTER_EVENT_HANGUP  0x04
+
+#define SOCK_NOTIFY_EVENT_IN      SOCK_NOTIFY_REGISTER_EVENT_IN
+#define SOCK_NOTIFY_EVENT_OUT     SOCK_NOTIFY_REGISTER_EVENT_OUT
+#define SOCK_NOTIFY_EVENT_HANGUP  SOCK_NOTIFY_REGISTER_EVENT_HANGUP
+#define SOCK_NOTIFY_EVENT_ERR     0x40
+#define SOCK_NOTIFY_EVENT_REMOVE  0x80
+
+#define SOCK_NOTIFY_OP_NONE     0x00
+#define SOCK_NOTIFY_OP_ENABLE   0x01
+#define SOCK_NOTIFY_OP_DISABLE  0x02
+#define SOCK_NOTIFY_OP_REMOVE   0x04
+
+#define SOCK_NOTIFY_TRIGGER_ONESHOT     0x01
+#define SOCK_NOTIFY_TRIGGER_PERSISTENT  0x02
+#define SOCK_NOTIFY_TRIGGER_LEVEL       0x04
+#define SOCK_NOTIFY_TRIGGER_EDGE        0x08
+#endif /* SOCK_NOTIFY_OP_ENABLE */
+
+/* Every bit an event filter may hold. */
+#define SN_NOTIFY_FILTER_ALL \
+    (SOCK_NOTIFY_REGISTER_EVENT_IN | SOCK_NOTIFY_REGISTER_EVENT_OUT | \
+     SOCK_NOTIFY_REGISTER_EVENT_HANGUP)
+
+typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(
+    HANDLE completionPort,
+    UINT32 registrationCount,
+    SOCK_NOTIFY_REGISTRATION *registrationInfos,
+    UINT32 timeoutMs,
+    ULONG completionCount,
+    OVERLAPPED_ENTRY *completionPortEntries,
+    UINT32 *receivedEntryCount);
+
+/* Completion keys reserved on a port. The port layer's kernel keys never
+   set bit 63 (SN_KERNEL_KEY in sn_internal.h), so every key with bit 63 set
+   is ours to hand out, and none of them can be mistaken for a socket's.
+     SN_POST_COMPLETION_KEY  packets queued by sn_port_post(); the caller's
+                             key rides in lpOverlapped.
+     SN_AFD_COMPLETION_KEY   completions of the polyfill's own AFD polls; the
+                             polyfill consumes them and never returns them. */
+#define SN_POST_COMPLETION_KEY  ((ULONG_PTR)0xFFFFFFFFFFFFFFFFull)
+#define SN_AFD_COMPLETION_KEY   ((ULONG_PTR)0xFFFFFFFFFFFFFFFEull)
+#define SN_RESERVED_KEY_BIT     ((ULONG_PTR)1 << 63)
+
+/* The polyfill: ProcessSocketNotifications on IOCTL_AFD_POLL (sn_afd.c).
+   Same arguments, same return values (ERROR_SUCCESS, WAIT_TIMEOUT, or an
+   error for the whole call), same per-registration results. */
+DWORD WINAPI sn_afd_process_socket_notifications(
+    HANDLE completionPort,
+    UINT32 registrationCount,
+    SOCK_NOTIFY_REGISTRATION *registrationInfos,
+    UINT32 timeoutMs,
+    ULONG completionCount,
+    OVERLAPPED_ENTRY *completionPortEntries,
+    UINT32 *receivedEntryCount);
+
+/* Release the polyfill's state for a port: cancel outstanding polls, wait
+   for their completions (the kernel writes into our memory until then),
+   close the helper handles, free everything. Call it BEFORE closing the
+   port handle, with no other thread inside the polyfill for that port.
+   Packets still queued on the port are dequeued and dropped. A port the
+   polyfill never saw is left alone. */
+void sn_afd_port_closed(HANDLE port);
+
+/* The polyfill's bookkeeping for a port, for tests and statistics: live
+   registrations, and polls the kernel still owns (in flight, including
+   cancelled ones not yet come back). Returns ERROR_NOT_FOUND for a port
+   the polyfill has not seen. */
+DWORD sn_afd_statistics(HANDLE port, UINT32 *registered, UINT32 *polls_in_flight);
+
+#endif /* _WIN32 */
+#endif /* SN_WIN_H */
