@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from _platform import running_under_wine
+
 import socknotify_loop
 from socknotify_loop import port as port_module
 
@@ -46,7 +48,13 @@ def test_poll_replacement(backend):
 def test_poll_replacement_reports_a_reset(backend):
     code, out = run_example("poll_replacement.py", "--backend", backend, "--reset")
     assert code == 1, out
-    assert "connection error: ConnectionResetError" in out, out
+    if running_under_wine():
+        # The port reports ERR, but Wine's recv() after a reset returns
+        # without WSAECONNRESET and leaves SO_ERROR at 0, so the detail
+        # differs; Windows and Linux name the reset.
+        assert "connection error:" in out, out
+    else:
+        assert "connection error: ConnectionResetError" in out, out
 
 
 def test_edge_udp_server(backend):

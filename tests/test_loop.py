@@ -1,0 +1,621 @@
+"""Loop behaviour, each test run on socknotify_loop and on stock asyncio.
+
+See tests/_testbase.py for the pattern. The last section tests the package's
+entry points (run, new_event_loop, the policy API and its warnings).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import warnings
+
+import pytest
+
+import socknotify_loop
+from socknotify_loop import Loop, NotifySelector
+
+from _testbase import AsyncioTestCase, NotifyTestCase, skip_unless_posix
+
+LOCALHOST = "127.0.0.1"
+
+
+# -- TCP -----------------------------------------------------------------------------------
+
+class _TestTCP:
+
+    def test_streams_echo(self):
+        async def handle(reader, writer):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        async def client(port, payload):
+            reader, writer = await asyncio.open_connection(LOCALHOST, port)
+            writer.write(payload)
+            await writer.drain()
+            writer.write_eof()
+            echoed = await reader.read()
+            writer.close()
+            await writer.wait_closed()
+            return echoed
+
+        async def main():
+            server = await asyncio.start_server(handle, LOCALHOST, 0)
+            port = server.sockets[0].getsockname()[1]
+            async with server:
+                # Large payloads exercise add_writer/remove_writer (modify).
+                payloads = [bytes([n]) * (n * 50_000 + 1) for n in range(8)]
+                echoed = await asyncio.gather(*(client(port, p) for p in payloads))
+            return payloads, echoed
+
+        payloads, echoed = self.run_loop(main())
+        self.assertEqual(payloads, echoed)
+
+    def test_protocol_echo(self):
+        loop = self.loop
+        received = []
+        done = loop.create_future()
+
+        class Echo(asyncio.Protocol):
+            def connection_made(self, transport):
+                self.transport = transport
+
+            def data_received(self, data):
+                self.transport.write(data)
+
+        class Client(asyncio.Protocol):
+            def connection_made(self, transport):
+                transport.write(b"hello ")
+                transport.write(b"world")
+
+            def data_received(self, data):
+                received.append(data)
+                if b"".join(received) == b"hello world":
+                    done.set_result(None)
+
+        async def main():
+            server = await loop.create_server(Echo, LOCALHOST, 0)
+            port = server.sockets[0].getsockname()[1]
+            transport, _ = await loop.create_connection(Client, LOCALHOST, port)
+            await done
+            transport.close()
+            server.close()
+            await server.wait_closed()
+
+        self.run_loop(main())
+        self.assertEqual(b"".join(received), b"hello world")
+
+    def test_connection_refused(self):
+        listener = socket.socket()
+        listener.bind((LOCALHOST, 0))
+        port = listener.getsockname()[1]
+        listener.close()
+        with self.assertRaises(ConnectionRefusedError):
+            self.run_loop(asyncio.open_connection(LOCALHOST, port))
+
+    def test_peer_close_gives_eof(self):
+        async def main():
+            closed = asyncio.Event()
+
+            async def handle(reader, writer):
+                writer.write(b"bye")
+                writer.close()
+                closed.set()
+
+            server = await asyncio.start_server(handle, LOCALHOST, 0)
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection(LOCALHOST, port)
+            data = await reader.read()
+            await closed.wait()
+            writer.close()
+            server.close()
+            await server.wait_closed()
+            return data
+
+        self.assertEqual(self.run_loop(main()), b"bye")
+
+
+class TestNotifyTCP(_TestTCP, NotifyTestCase):
+    pass
+
+
+class TestAsyncioTCP(_TestTCP, AsyncioTestCase):
+    pass
+
+
+# -- UDP -------------------------------------------------------------------------------------
+
+class _TestUDP:
+
+    def test_udp_echo(self):
+        loop = self.loop
+
+        class EchoServer(asyncio.DatagramProtocol):
+            def connection_made(self, transport):
+                self.transport = transport
+
+            def datagram_received(self, data, addr):
+                self.transport.sendto(data.upper(), addr)
+
+        class Client(asyncio.DatagramProtocol):
+            def __init__(self):
+                self.replies = []
+                self.done = loop.create_future()
+
+            def datagram_received(self, data, addr):
+                self.replies.append(data)
+                if len(self.replies) == 20:
+                    self.done.set_result(None)
+
+        async def main():
+            server, _ = await loop.create_datagram_endpoint(
+                EchoServer, local_addr=(LOCALHOST, 0))
+            address = server.get_extra_info("sockname")
+            client, protocol = await loop.create_datagram_endpoint(
+                Client, remote_addr=address)
+            for n in range(20):
+                client.sendto(b"datagram %d" % n)
+            await protocol.done
+            client.close()
+            server.close()
+            return protocol.replies
+
+        replies = self.run_loop(main())
+        self.assertEqual(sorted(replies), sorted(b"DATAGRAM %d" % n for n in range(20)))
+
+
+class TestNotifyUDP(_TestUDP, NotifyTestCase):
+    pass
+
+
+class TestAsyncioUDP(_TestUDP, AsyncioTestCase):
+    pass
+
+
+# -- sock_* methods ---------------------------------------------------------------------
+
+class _TestSockMethods:
+
+    def test_sock_connect_accept_send_recv(self):
+        loop = self.loop
+
+        async def main():
+            listener = socket.socket()
+            listener.bind((LOCALHOST, 0))
+            listener.listen()
+            listener.setblocking(False)
+            client = socket.socket()
+            client.setblocking(False)
+            with listener, client:
+                accept = loop.create_task(loop.sock_accept(listener))
+                await loop.sock_connect(client, listener.getsockname())
+                server_side, _ = await accept
+                with server_side:
+                    payload = os.urandom(1 << 20)
+                    sender = loop.create_task(loop.sock_sendall(client, payload))
+                    received = bytearray()
+                    buf = bytearray(65536)
+                    while len(received) < len(payload):
+                        if len(received) % 2:
+                            received += await loop.sock_recv(server_side, 65536)
+                        else:
+                            n = await loop.sock_recv_into(server_side, buf)
+                            received += buf[:n]
+                    await sender
+                    return payload, bytes(received)
+
+        payload, received = self.run_loop(main())
+        self.assertEqual(payload, received)
+
+
+class TestNotifySockMethods(_TestSockMethods, NotifyTestCase):
+    pass
+
+
+class TestAsyncioSockMethods(_TestSockMethods, AsyncioTestCase):
+    pass
+
+
+# -- add_reader / add_writer --------------------------------------------------------------
+
+class _TestReaderWriter:
+
+    def test_add_reader_and_writer(self):
+        loop = self.loop
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        events = []
+        done = loop.create_future()
+
+        def on_writable():
+            events.append("writable")
+            loop.remove_writer(b)
+            b.send(b"ping")
+
+        def on_readable():
+            events.append(a.recv(100))
+            loop.remove_reader(a)
+            done.set_result(None)
+
+        loop.add_reader(a, on_readable)
+        loop.add_writer(b, on_writable)
+        self.run_loop(done)
+        self.assertEqual(events, ["writable", b"ping"])
+        self.assertFalse(loop.remove_reader(a))
+        self.assertFalse(loop.remove_writer(b))
+
+    def test_reader_is_level_triggered(self):
+        loop = self.loop
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        calls = []
+        done = loop.create_future()
+
+        def on_readable():
+            calls.append(a.recv(1))   # one byte per call: data remains
+            if len(calls) == 5:
+                loop.remove_reader(a)
+                done.set_result(None)
+
+        b.send(b"abcde")
+        loop.add_reader(a, on_readable)
+        self.run_loop(done)
+        self.assertEqual(b"".join(calls), b"abcde")
+
+    def test_reader_removed_and_closed_by_other_callback_is_never_called(self):
+        """Two readers ready in one iteration: whichever callback runs first
+        removes and closes the other's socket, and a new socket is given the
+        same descriptor and a reader. No stale callback may follow."""
+        loop = self.loop
+        pairs = [socket.socketpair() for _ in range(2)]
+        extra = []
+        self.addCleanup(lambda: [s.close() for p in pairs + extra for s in p])
+        calls = []
+        fresh_ready = loop.create_future()
+
+        def on_fresh():
+            calls.append("fresh")
+            loop.remove_reader(extra[0][0])
+            fresh_ready.set_result(None)
+
+        def make_callback(mine, other):
+            def callback():
+                calls.append(mine)
+                if len(calls) > 1:
+                    return   # the second one must never run
+                pairs[mine][0].recv(10)
+                loop.remove_reader(pairs[mine][0])
+                victim = pairs[other][0]
+                fd = victim.fileno()
+                loop.remove_reader(victim)
+                victim.close()
+                reader, writer = socket.socketpair()
+                if reader.fileno() != fd:
+                    os.dup2(reader.fileno(), fd)
+                    reader.close()
+                    reader = socket.socket(fileno=fd)
+                extra.append((reader, writer))
+                loop.add_reader(reader, on_fresh)
+                # Let a few iterations pass before the new socket is readable.
+                loop.call_later(0.05, writer.send, b"!")
+            return callback
+
+        for index, (reader, writer) in enumerate(pairs):
+            reader.setblocking(False)
+            writer.send(b"x")
+        loop.add_reader(pairs[0][0], make_callback(0, 1))
+        loop.add_reader(pairs[1][0], make_callback(1, 0))
+        self.run_loop(fresh_ready)
+        self.assertEqual(len(calls), 2, calls)
+        self.assertEqual(calls[1], "fresh")
+
+    def test_2000_readers_served(self):
+        loop = self.loop
+        count = 2000
+        pairs = []
+        self.addCleanup(lambda: [s.close() for p in pairs for s in p])
+        try:
+            for _ in range(count):
+                pairs.append(socket.socketpair())
+        except OSError as exc:
+            self.skipTest(f"cannot open {2 * count} sockets here: {exc}")
+        served = set()
+        done = loop.create_future()
+
+        def make_reader(index, sock):
+            def on_readable():
+                sock.recv(16)
+                loop.remove_reader(sock)
+                served.add(index)
+                if len(served) == count:
+                    done.set_result(None)
+            return on_readable
+
+        for index, (reader, writer) in enumerate(pairs):
+            reader.setblocking(False)
+            loop.add_reader(reader, make_reader(index, reader))
+        for _, writer in pairs:
+            writer.send(b"x")
+        self.run_loop(done, timeout=60)
+        self.assertEqual(len(served), count)
+
+
+class TestNotifyReaderWriter(_TestReaderWriter, NotifyTestCase):
+    pass
+
+
+class TestAsyncioReaderWriter(_TestReaderWriter, AsyncioTestCase):
+    pass
+
+
+# -- threads and signals ---------------------------------------------------------------------
+
+class _TestWakeups:
+
+    def test_call_soon_threadsafe_wakes_blocked_loop(self):
+        loop = self.loop
+        woken = loop.create_future()
+
+        def from_thread():
+            time.sleep(0.1)
+            loop.call_soon_threadsafe(woken.set_result, threading.get_ident())
+
+        async def main():
+            # Nothing else is scheduled: the loop blocks in select(None)
+            # until the other thread wakes it.
+            thread = threading.Thread(target=from_thread)
+            start = time.monotonic()
+            thread.start()
+            ident = await woken
+            thread.join()
+            return ident, time.monotonic() - start
+
+        ident, elapsed = self.run_loop(main(), timeout=10)
+        self.assertNotEqual(ident, threading.get_ident())
+        self.assertLess(elapsed, 5)
+
+    def test_run_in_executor(self):
+        result = self.run_loop(self.loop.run_in_executor(None, sum, range(10)))
+        self.assertEqual(result, 45)
+
+    @skip_unless_posix
+    def test_signal_handler(self):
+        loop = self.loop
+        got = loop.create_future()
+        loop.add_signal_handler(signal.SIGUSR1, got.set_result, "usr1")
+        self.addCleanup(loop.remove_signal_handler, signal.SIGUSR1)
+        loop.call_later(0.05, os.kill, os.getpid(), signal.SIGUSR1)
+        self.assertEqual(self.run_loop(got, timeout=10), "usr1")
+
+    @skip_unless_posix
+    def test_signal_from_thread_wakes_blocked_loop(self):
+        loop = self.loop
+        got = loop.create_future()
+        loop.add_signal_handler(signal.SIGUSR2, got.set_result, "usr2")
+        self.addCleanup(loop.remove_signal_handler, signal.SIGUSR2)
+        timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR2))
+        timer.start()
+        self.addCleanup(timer.join)
+        self.assertEqual(self.run_loop(got, timeout=10), "usr2")
+
+
+class TestNotifyWakeups(_TestWakeups, NotifyTestCase):
+    pass
+
+
+class TestAsyncioWakeups(_TestWakeups, AsyncioTestCase):
+    pass
+
+
+# -- Unix sockets ------------------------------------------------------------------------------
+
+@skip_unless_posix
+class _TestUnix:
+
+    def test_unix_stream_echo(self):
+        async def handle(reader, writer):
+            writer.write((await reader.readline()).upper())
+            await writer.drain()
+            writer.close()
+
+        async def main(path):
+            server = await asyncio.start_unix_server(handle, path)
+            async with server:
+                reader, writer = await asyncio.open_unix_connection(path)
+                writer.write(b"over a unix socket\n")
+                line = await reader.readline()
+                writer.close()
+                await writer.wait_closed()
+                return line
+
+        with tempfile.TemporaryDirectory() as directory:
+            line = self.run_loop(main(os.path.join(directory, "sock")))
+        self.assertEqual(line, b"OVER A UNIX SOCKET\n")
+
+    def test_subprocess_exec(self):
+        async def main():
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            out, _ = await process.communicate(b"olleh")
+            return process.returncode, out
+
+        self.assertEqual(self.run_loop(main()), (0, b"hello\n"))
+
+
+class TestNotifyUnix(_TestUnix, NotifyTestCase):
+    pass
+
+
+class TestAsyncioUnix(_TestUnix, AsyncioTestCase):
+    pass
+
+
+# -- what the loop is --------------------------------------------------------------------------
+
+class TestLoopIdentity(NotifyTestCase):
+
+    def test_isinstance(self):
+        self.assertIsInstance(self.loop, asyncio.SelectorEventLoop)
+        self.assertIsInstance(self.loop, asyncio.AbstractEventLoop)
+        self.assertIsInstance(self.loop, Loop)
+        self.assertIsInstance(self.loop._selector, NotifySelector)
+        self.assertEqual(self.loop.backend, self.loop._selector.port.backend)
+
+    def test_custom_selector(self):
+        selector = NotifySelector()
+        loop = Loop(selector)
+        try:
+            self.assertIs(loop._selector, selector)
+        finally:
+            loop.close()
+        self.assertTrue(selector.port.closed)
+
+    def test_close_is_idempotent(self):
+        loop = Loop()
+        loop.close()
+        loop.close()
+        self.assertTrue(loop.is_closed())
+
+
+# -- the package's entry points --------------------------------------------------------------
+
+async def _running_loop_type():
+    await asyncio.sleep(0)
+    return type(asyncio.get_running_loop())
+
+
+def test_new_event_loop_returns_a_loop():
+    loop = socknotify_loop.new_event_loop()
+    try:
+        assert type(loop) is Loop
+    finally:
+        loop.close()
+
+
+def test_run_uses_our_loop_and_debug():
+    async def main():
+        loop = asyncio.get_running_loop()
+        return type(loop), loop.get_debug()
+
+    assert socknotify_loop.run(main()) == (Loop, False)
+    assert socknotify_loop.run(main(), debug=True) == (Loop, True)
+
+
+def test_run_cancels_leftover_tasks_and_propagates():
+    cancelled = []
+
+    async def forever():
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def main():
+        asyncio.get_running_loop().create_task(forever())
+        await asyncio.sleep(0)
+        raise KeyError("from main")
+
+    with pytest.raises(KeyError):
+        socknotify_loop.run(main())
+    assert cancelled == [True]
+
+
+def test_run_rejects_running_loop():
+    async def outer():
+        coro = _running_loop_type()
+        try:
+            socknotify_loop.run(coro)
+        finally:
+            coro.close()
+
+    with pytest.raises(RuntimeError):
+        socknotify_loop.run(outer())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.Runner is 3.11+")
+def test_runner_with_loop_factory():
+    with asyncio.Runner(loop_factory=socknotify_loop.new_event_loop) as runner:
+        assert runner.run(_running_loop_type()) is Loop
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="asyncio.run(loop_factory=) is 3.12+")
+def test_asyncio_run_with_loop_factory():
+    assert asyncio.run(_running_loop_type(), loop_factory=socknotify_loop.new_event_loop) is Loop
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="policies warn on 3.14+")
+def test_policy_api_works_without_warning_before_314():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        policy_class = socknotify_loop.EventLoopPolicy
+        install = socknotify_loop.install
+    try:
+        loop = policy_class().new_event_loop()
+        assert type(loop) is Loop
+        loop.close()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            install()
+        assert isinstance(asyncio.get_event_loop_policy(), policy_class)
+        assert asyncio.run(_running_loop_type()) is Loop
+        loop = asyncio.new_event_loop()
+        assert type(loop) is Loop
+        loop.close()
+    finally:
+        asyncio.set_event_loop_policy(None)
+    assert asyncio.run(_running_loop_type()) is not Loop
+
+
+def test_policy_api_warns_where_asyncio_deprecates_policies(monkeypatch):
+    monkeypatch.setattr(socknotify_loop, "_POLICIES_DEPRECATED", True)
+    for name in ("EventLoopPolicy", "install"):
+        with pytest.warns(DeprecationWarning, match=name) as record:
+            getattr(socknotify_loop, name)
+        # Attributed to the caller, not to socknotify_loop itself.
+        assert record[0].filename == __file__
+
+
+def test_policy_warning_follows_python_version():
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        socknotify_loop.EventLoopPolicy
+    deprecations = [w for w in record if issubclass(w.category, DeprecationWarning)]
+    assert bool(deprecations) == (sys.version_info >= (3, 14))
+
+
+def test_unknown_attribute_raises_attribute_error():
+    with pytest.raises(AttributeError):
+        socknotify_loop.NoSuchThing
+
+
+def test_public_names_documented():
+    for name in socknotify_loop.__all__ + ["EventLoopPolicy", "install"]:
+        value = getattr(socknotify_loop, name)
+        if callable(value) and not isinstance(value, int):
+            assert value.__doc__, f"{name} has no docstring"
+    assert socknotify_loop.__version__
+
+
+def test_package_import_does_not_import_the_loop():
+    import subprocess
+    code = ("import sys, socknotify_loop; "
+            "print('socknotify_loop.loop' in sys.modules, 'asyncio' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         check=True).stdout
+    assert out.split() == ["False", "False"]
