@@ -28,7 +28,8 @@ from ._socknotify import ffi, lib
 
 __all__ = [
     "Port", "Registration", "backend_info", "available_backends",
-    "EVENT_IN", "EVENT_OUT", "EVENT_HANGUP", "EVENT_ERR", "EVENT_REMOVE",
+    "EVENT_IN", "EVENT_OUT", "EVENT_HANGUP", "EVENT_ERR", "EVENT_REMOVE", "EVENT_IO",
+    "IO_COMPLETION_KEY",
     "OP_NONE", "OP_ENABLE", "OP_DISABLE", "OP_REMOVE",
     "TRIGGER_ONESHOT", "TRIGGER_PERSISTENT", "TRIGGER_LEVEL", "TRIGGER_EDGE",
 ]
@@ -38,6 +39,11 @@ EVENT_OUT: int = lib.SN_EVENT_OUT
 EVENT_HANGUP: int = lib.SN_EVENT_HANGUP
 EVENT_ERR: int = lib.SN_EVENT_ERR
 EVENT_REMOVE: int = lib.SN_EVENT_REMOVE
+#: Not a socket event: an overlapped I/O completion on the port (Windows);
+#: the notification's key is the OVERLAPPED's address.
+EVENT_IO: int = lib.SN_EVENT_IO
+#: The completion key to associate overlapped handles with a port under.
+IO_COMPLETION_KEY: int = lib.sn_io_completion_key()
 
 OP_NONE: int = lib.SN_OP_NONE
 OP_ENABLE: int = lib.SN_OP_ENABLE
@@ -234,6 +240,17 @@ class Port:
     def backend(self) -> str:
         """The backend's name: ``'epoll'``, ``'psn'`` or ``'afd'``."""
         return self._backend
+
+    @property
+    def os_handle(self) -> int:
+        """The OS object behind the port: the completion port HANDLE on
+        Windows (associate overlapped handles with it under
+        :data:`IO_COMPLETION_KEY`), the epoll descriptor on Linux."""
+        handle = self._enter()
+        try:
+            return lib.sn_port_os_handle(handle)
+        finally:
+            self._leave()
 
     @property
     def closed(self) -> bool:

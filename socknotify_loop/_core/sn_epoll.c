@@ -305,12 +305,17 @@ static void epoll__close(sn_port_t *port) {
     port->impl = NULL;
 }
 
+static uint64_t epoll__os_handle(sn_port_t *port) {
+    return (uint64_t)((epoll_port_t *)port->impl)->epfd;
+}
+
 const sn_backend_ops_t sn_epoll_ops = {
     "epoll",
     epoll__open,
     epoll__process,
     epoll__post,
     epoll__close,
+    epoll__os_handle,
 };
 
 #endif /* __linux__ */

@@ -67,6 +67,7 @@ typedef struct sn_backend_ops {
                    uint32_t *received);
     int (*post)(sn_port_t *port, uint64_t key);
     void (*close)(sn_port_t *port);
+    uint64_t (*os_handle)(sn_port_t *port);
 } sn_backend_ops_t;
 
 /* A registration record: one per registered socket. */
@@ -104,11 +105,14 @@ struct sn_port {
 
 /* The kernel key of a slot: the generation in the high half, so a reused
    slot never produces a key that an old notification could carry. Bit 63 is
-   never set, which keeps the top of the key space free for posted packets. */
+   never set, which keeps the top of the key space free for posted packets,
+   and generations start at 1, so no kernel key is 0: key 0 belongs to the
+   packets RegisterWaitWithQueue posts (see sn_iocp.c). */
 #define SN_KERNEL_KEY(slot, generation) \
     ((((uint64_t)(generation) & 0x7fffffffu) << 32) | (uint64_t)(slot))
 #define SN_KEY_SLOT(key)        ((uint32_t)((key) & 0xffffffffu))
 #define SN_KEY_GENERATION(key)  ((uint32_t)(((key) >> 32) & 0x7fffffffu))
+#define SN_IO_COMPLETION_KEY    0xFFFFFFFFFFFFFFFDull
 
 #ifdef __linux__
 extern const sn_backend_ops_t sn_epoll_ops;

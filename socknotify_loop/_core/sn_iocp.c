@@ -40,14 +40,15 @@
  *     SN_INFINITE maps to it, and finite waits are clamped just below it,
  *     so a long but finite timeout never turns into forever.
  *
- * A later concern, noted here so that the key scheme leaves room for it:
- * pipes and subprocesses will issue overlapped I/O on the same port. Their
- * completions will carry further reserved keys (bit 63 set, distinct from
- * the two above) with lpOverlapped pointing at an OVERLAPPED embedded in a
- * request object; this file will translate them into a new kind of event
- * (sn_kevent_t would grow a field for the bytes/status) instead of the
- * posted packet they would be mistaken for today. Until then a packet with
- * an unknown reserved key cannot occur, and is dropped if it does.
+ * One port for everything: pipes and subprocesses issue overlapped I/O on
+ * the same completion port. Their handles are associated under
+ * SN_IO_COMPLETION_KEY, so their completions come back with that key and
+ * lpOverlapped pointing at the OVERLAPPED that finished; they leave here as
+ * SN_EVENT_IO events keyed by that address, and the Python side (which owns
+ * the OVERLAPPED objects) reads bytes and status from them. Process-exit
+ * waits use RegisterWaitWithQueue, which posts with completion key 0; the
+ * port layer never issues kernel key 0 (generations start at 1), so key 0
+ * means the same thing. Any other reserved key is dropped.
  *
  * Sources read: the Winsock socket-state-notifications article and its C
  * samples (the seeds), the learn.microsoft.com pages for
@@ -188,6 +189,14 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
         out->posted = 1;
         return 1;
     }
+    if (key == SN_IO_COMPLETION_KEY || key == 0) {
+        /* An overlapped completion: the OVERLAPPED's address identifies it;
+           its owner reads the result from the OVERLAPPED itself. */
+        out->key = (uint64_t)(uintptr_t)entry->lpOverlapped;
+        out->events = SN_EVENT_IO;
+        out->posted = 1;
+        return 1;
+    }
     if (key & SN_RESERVED_KEY_BIT) {
         /* A reserved key nobody here issued (see the note at the top). */
         return 0;
@@ -305,12 +314,17 @@ static void iocp__close(sn_port_t *port) {
     port->impl = NULL;
 }
 
+static uint64_t iocp__os_handle(sn_port_t *port) {
+    return (uint64_t)(uintptr_t)((iocp_port_t *)port->impl)->iocp;
+}
+
 const sn_backend_ops_t sn_psn_ops = {
     "psn",
     iocp__open_psn,
     iocp__process,
     iocp__post,
     iocp__close,
+    iocp__os_handle,
 };
 
 const sn_backend_ops_t sn_afd_ops = {
@@ -319,6 +333,7 @@ const sn_backend_ops_t sn_afd_ops = {
     iocp__process,
     iocp__post,
     iocp__close,
+    iocp__os_handle,
 };
 
 #endif /* _WIN32 */

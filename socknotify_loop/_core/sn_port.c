@@ -162,6 +162,8 @@ static int sn__records_grow(sn_port_t *port) {
         return SN_ERROR_NO_MEMORY;
     port->free_slots = free_slots;
     memset(records + old_cap, 0, (size_t)(new_cap - old_cap) * sizeof *records);
+    for (i = old_cap; i < new_cap; i++)
+        records[i].generation = 1;   /* no kernel key is ever 0 */
     /* Push new slots so that the lowest number is popped first. */
     for (i = new_cap; i > old_cap; i--)
         port->free_slots[port->free_count++] = i - 1;
@@ -206,6 +208,8 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
     sn__index_remove(port, record->socket, slot);
     record->state = SN_RECORD_FREE;
     record->generation = (record->generation + 1) & 0x7fffffffu;
+    if (record->generation == 0)
+        record->generation = 1;
     port->free_slots[port->free_count++] = slot;
     port->live_count--;
 }
@@ -344,6 +348,14 @@ uint32_t sn_port_registered(sn_port_t *port) {
     n = port->live_count;
     sn_mutex_unlock(&port->lock);
     return n;
+}
+
+uint64_t sn_port_os_handle(sn_port_t *port) {
+    return port->ops->os_handle(port);
+}
+
+uint64_t sn_io_completion_key(void) {
+    return SN_IO_COMPLETION_KEY;
 }
 
 int sn_port_post(sn_port_t *port, uint64_t key) {
@@ -500,8 +512,10 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         uint32_t slot;
         sn_record_t *record;
         if (ev->posted) {
+            /* A posted packet (events 0) or an I/O completion (SN_EVENT_IO):
+               passed through as the backend gave it. */
             out[n].key = ev->key;
-            out[n].events = 0;
+            out[n].events = ev->events;
             n++;
             continue;
         }

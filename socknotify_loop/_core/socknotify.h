@@ -38,6 +38,11 @@
 #define SN_EVENT_HANGUP  0x04
 #define SN_EVENT_ERR     0x40
 #define SN_EVENT_REMOVE  0x80
+/* Not a socket event: an overlapped I/O completion (Windows) for a handle
+   associated with the port under sn_io_completion_key(), or under key 0 as
+   RegisterWaitWithQueue posts them. The notification's key is then the
+   address of the OVERLAPPED that completed. */
+#define SN_EVENT_IO      0x100
 
 /* Operations: the values of SOCK_NOTIFY_OP_*. */
 #define SN_OP_NONE       0
@@ -119,6 +124,16 @@ int sn_port_process(sn_port_t *port,
 
 /* Queue a packet with this key; one waiter receives it with events == 0. */
 int sn_port_post(sn_port_t *port, uint64_t key);
+
+/* The OS object behind the port: the completion port HANDLE on Windows
+   (to associate pipes and other overlapped handles with it), the epoll fd
+   on Linux. */
+uint64_t sn_port_os_handle(sn_port_t *port);
+
+/* The completion key under which overlapped handles are associated with a
+   port (CreateIoCompletionPort) so that their completions come out of
+   sn_port_process() as SN_EVENT_IO notifications. */
+uint64_t sn_io_completion_key(void);
 
 /* Number of live registrations (for tests and statistics). */
 uint32_t sn_port_registered(sn_port_t *port);
