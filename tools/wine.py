@@ -122,9 +122,11 @@ def copy_cpython_tests(version: str, target: str) -> None:
     log(f"no Linux Python {version} with Lib/test found: conformance suites will skip")
 
 
-def wine_env() -> dict:
+def wine_env(version: str = "3.11") -> dict:
     env = dict(os.environ)
-    env["WINEPREFIX"] = os.path.join(CACHE, "prefix")
+    # One prefix (so one wineserver) per Windows Python: runs for two
+    # versions may overlap, and ending one must not kill the other.
+    env["WINEPREFIX"] = os.path.join(CACHE, "prefix-" + WINDOWS_PYTHONS[version][1])
     env["WINEDEBUG"] = "-all"
     env["WINEDLLOVERRIDES"] = "mscoree,mshtml="   # no Mono/Gecko install dialogs
     env.pop("DISPLAY", None)
@@ -138,7 +140,7 @@ def wine_python(version: str, args, check=True, **kwargs) -> subprocess.Complete
     cmd = [wine_binary(), exe, *args]
     log(" ".join(cmd))
     # Windows Python under Wine needs a real stdin, and pipes for its output.
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, env=wine_env(),
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, env=wine_env(version),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
     sys.stdout.write(proc.stdout.decode("utf-8", "replace"))
     sys.stdout.flush()
@@ -147,11 +149,12 @@ def wine_python(version: str, args, check=True, **kwargs) -> subprocess.Complete
     return proc
 
 
-def stop_wineserver() -> None:
+def stop_wineserver(version: str) -> None:
+    """End this version's wineserver, so none lingers between runs."""
     server = shutil.which("wineserver") or "/usr/lib/wine/wineserver64"
     if os.path.exists(server):
-        subprocess.run([server, "-k"], env=wine_env(), stderr=subprocess.DEVNULL)
-        subprocess.run([server, "-w"], env=wine_env(), stderr=subprocess.DEVNULL)
+        subprocess.run([server, "-k"], env=wine_env(version), stderr=subprocess.DEVNULL)
+        subprocess.run([server, "-w"], env=wine_env(version), stderr=subprocess.DEVNULL)
 
 
 def cmd_setup(version: str) -> None:
@@ -284,7 +287,7 @@ def cmd_test(version: str, wheel: str, pytest_args) -> int:
                        check=False, cwd=rundir)
     log(f"pytest under Wine (Python {version}) exited {proc.returncode} "
         f"after {time.monotonic() - start:.0f} s")
-    stop_wineserver()
+    stop_wineserver(version)
     return proc.returncode
 
 
