@@ -39,10 +39,10 @@ from time import monotonic as _monotonic
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
-from .port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_OUT, OP_ENABLE,
+from .port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_IO, EVENT_OUT, OP_ENABLE,
                    OP_REMOVE, TRIGGER_LEVEL, TRIGGER_ONESHOT, Port)
 
-__all__ = ["NotifySelector"]
+__all__ = ["NotifySelector", "WAKEUP_KEY"]
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
@@ -50,6 +50,10 @@ SelectorKey = selectors.SelectorKey
 
 _ONESHOT_LEVEL = TRIGGER_ONESHOT | TRIGGER_LEVEL
 _NO_CHANGES: Tuple[tuple, ...] = ()
+
+#: A port key no registration uses: ``selector.port.post(WAKEUP_KEY)``
+#: makes a waiting select() return (with ``[]`` if nothing else is ready).
+WAKEUP_KEY = 0
 _MAX_SOCKET = (1 << 64) - 1   # a SOCKET is a UINT_PTR on Win64
 
 # Port event filter for each selector mask. HANGUP is asked for only with
@@ -116,13 +120,6 @@ class _SelectorMapping(Mapping):
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
 
-    def get(self, fileobj: Any, default: Any = None) -> Any:
-        try:
-            fd = self._selector._fileobj_lookup(fileobj)
-        except ValueError:
-            return default
-        return self._selector._fd_to_key.get(fd, default)
-
     def __iter__(self) -> Iterator[int]:
         return iter(self._selector._fd_to_key)
 
@@ -156,8 +153,14 @@ class NotifySelector(selectors.BaseSelector):
         # Registrations whose first ENABLE has not reached the port yet:
         # unregistering one just forgets it instead of sending a REMOVE.
         self._unsent: Set[int] = set()
-        self._next_port_key = itertools.count(1).__next__
+        # Port keys of registrations start at 1: WAKEUP_KEY (0) is left for
+        # packets posted to wake select() (see Port.post).
+        self._next_port_key = itertools.count(WAKEUP_KEY + 1).__next__
         self._map: Optional[_SelectorMapping] = _SelectorMapping(self)
+        #: Keys (OVERLAPPED addresses) of overlapped I/O completions that
+        #: came out of the port (Windows handles associated with
+        #: ``port.os_handle``); whoever started that I/O drains this list.
+        self.io_completions: List[int] = []
 
     # -- introspection ---------------------------------------------------------
 
@@ -291,21 +294,38 @@ class NotifySelector(selectors.BaseSelector):
             # events this batch causes and a posted packet: a short buffer
             # would leave readiness for the next call, delaying it.
             max_events = len(fd_to_key) + len(batch) + 1
-            notifications, failures = self._port.process_batch(batch, timeout, max_events)
-            ready = []
-            for port_key, events in notifications:
-                entry = by_port_key.get(port_key)
-                if entry is None:
-                    continue   # unregistered since, a REMOVE, or a posted packet
-                key, enable = entry
-                # Delivered means disarmed: re-arm in the next select().
-                changes[port_key] = enable
-                mask = mask_of[events] & key.events
-                if mask:
-                    ready.append((key, mask))
-            if failures:
-                self._report_failures(batch, failures, ready)
-            if ready or timeout == 0:
+            try:
+                notifications, failures = self._port.process_batch(batch, timeout, max_events)
+                ready = []
+                woken = False
+                for port_key, events in notifications:
+                    if events & EVENT_IO:
+                        # An overlapped I/O completion, kept for its owner.
+                        # Tested before the key lookup: its key is an
+                        # OVERLAPPED address, which may equal a port key.
+                        self.io_completions.append(port_key)
+                        woken = True
+                        continue
+                    entry = by_port_key.get(port_key)
+                    if entry is None:
+                        # Unregistered since, or a REMOVE: dropped. A packet
+                        # posted to the port (events 0) is a wake-up:
+                        # select() returns, even with nothing to report.
+                        if not events:
+                            woken = True
+                        continue
+                    key, enable = entry
+                    # Delivered means disarmed: re-arm in the next select().
+                    changes[port_key] = enable
+                    mask = mask_of[events] & key.events
+                    if mask:
+                        ready.append((key, mask))
+                if failures:
+                    self._report_failures(batch, failures, ready)
+            except BaseException:
+                self._recover_from_interruption(batch)
+                raise
+            if ready or woken or timeout == 0:
                 return ready
             # Nothing to report before the deadline: either a signal
             # interrupted the wait (the core returns early on EINTR; the
@@ -316,6 +336,24 @@ class NotifySelector(selectors.BaseSelector):
                 timeout = deadline - _monotonic()
                 if timeout <= 0:
                     return ready
+
+    def _recover_from_interruption(self, batch) -> None:
+        """select() is leaving by an exception: the wait failed, the port
+        was closed, or (most likely) a signal handler raised, e.g.
+        KeyboardInterrupt, which Python runs at whatever bytecode follows the
+        wait. Notifications already dequeued may be lost with it, leaving
+        their registrations disarmed forever (the self-pipe among them, so
+        the loop could never be woken again). Re-arm every registration in
+        the next select(), and resend this batch, whose results are unknown:
+        enabling an armed registration again, or removing a removed one
+        (its failure is ignored), is harmless."""
+        # The batch first, in its order (a REMOVE before the ENABLE of a new
+        # registration on the same fd), then the rest of the live ones.
+        pending = {change[1]: change for change in batch}
+        for port_key, (_key, enable) in self._by_port_key.items():
+            pending[port_key] = enable
+        self._changes.clear()
+        self._changes.update(pending)
 
     def _report_failures(self, batch: list, failures: List[Tuple[int, int]],
                          ready: List[Tuple[SelectorKey, int]]) -> None:

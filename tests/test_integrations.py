@@ -15,13 +15,15 @@ import pytest
 
 import socknotify_loop
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Subprocesses import the same copy of the package as the tests (the source
+# tree here, the installed wheel under Wine).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(socknotify_loop.__file__)))
 OURS = "socknotify_loop.loop.Loop"
 
 
 def _env() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("PYTEST_ADDOPTS", None)
     return env
 

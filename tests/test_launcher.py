@@ -8,7 +8,12 @@ import textwrap
 
 import pytest
 
+import socknotify_loop
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Subprocesses import the same copy of the package as the tests (the source
+# tree here, the installed wheel under Wine).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(socknotify_loop.__file__)))
 
 PROBE = textwrap.dedent("""\
     import asyncio, sys
@@ -33,7 +38,9 @@ OURS = "socknotify_loop.loop.Loop"
 
 def launch(*args: str, cwd: str, check: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    # Where the package under test was imported from: the source tree with
+    # its in-place build, or an installed wheel (the Windows runs).
+    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
     result = subprocess.run([sys.executable, "-m", "socknotify_loop", *args],
                             cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     if check:

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from socknotify_loop.port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_OUT,
+from socknotify_loop.port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN,
                                   OP_ENABLE, OP_REMOVE)
 from socknotify_loop.selector import NotifySelector
 
@@ -253,7 +253,10 @@ def test_callback_unregisters_and_closes_other_socket(selector):
         second.close()
         fresh_r, fresh_w = socket.socketpair()
         pairs.append((fresh_r, fresh_w))
-        if fresh_r.fileno() != fd:   # make the reuse certain
+        # Make the reuse certain where descriptors can be duplicated onto a
+        # number (on Windows, sockets are not CRT descriptors: the OS's own
+        # handle reuse is relied on).
+        if fresh_r.fileno() != fd and sys.platform != "win32":
             os.dup2(fresh_r.fileno(), fd)
             fresh_r.close()
             fresh_r = socket.socket(fileno=fd)
@@ -419,3 +422,55 @@ def test_backend_property(selector):
     assert selector.backend == selector.port.backend
     if sys.platform.startswith("linux"):
         assert selector.backend == "epoll"
+
+
+def test_exception_during_select_rearms_everything(selector):
+    """A KeyboardInterrupt raised by a signal handler right after the wait
+    loses the notifications of that call: every registration must be armed
+    again by the next select(), or it would never be reported again."""
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        for reader, writer in pairs:
+            selector.register(reader, READ)
+            writer.send(b"x")
+        real = selector.port.process_batch
+
+        def dequeue_then_interrupt(changes, timeout, max_events):
+            real(changes, timeout, max_events)   # dequeues (disarms) them all
+            raise KeyboardInterrupt
+
+        selector.port.process_batch = dequeue_then_interrupt
+        with pytest.raises(KeyboardInterrupt):
+            selector.select(1)
+        del selector.port.process_batch
+        assert ready_fds(selector.select(1)) == {(r.fileno(), READ) for r, _ in pairs}
+    finally:
+        for reader, writer in pairs:
+            reader.close()
+            writer.close()
+
+
+def test_posted_packet_wakes_a_blocked_select(selector, pair):
+    from socknotify_loop.selector import WAKEUP_KEY
+    selector.register(pair[0], READ)
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(selector.select(None)))
+    waiter.start()
+    time.sleep(0.1)
+    assert waiter.is_alive()
+    selector.port.post(WAKEUP_KEY)
+    waiter.join(5)
+    assert not waiter.is_alive() and results == [[]]
+
+
+def test_io_completion_is_kept_not_dropped(selector, pair):
+    from socknotify_loop.port import EVENT_IO
+    selector.register(pair[0], READ)
+    answers = [([(0x7FFF12340000, EVENT_IO)], [])]
+
+    def one_completion(changes, timeout, max_events):
+        return answers.pop()   # a second wait would raise IndexError
+
+    selector.port.process_batch = one_completion
+    assert selector.select(None) == []   # returns: something came
+    assert selector.io_completions == [0x7FFF12340000]

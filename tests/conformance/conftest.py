@@ -94,6 +94,10 @@ def _our_loop_by_default(request, monkeypatch):
     monkeypatch.setattr(Loop, "__init__", counting_init)
     monkeypatch.setattr(asyncio, "DefaultEventLoopPolicy", _ConformancePolicy)
     monkeypatch.setattr(asyncio.events, "_event_loop_policy", None, raising=False)
+    # CPython's suites run on a policy whose set_event_loop(None) has been
+    # called by an earlier test's tearDown; some tests depend on that
+    # (get_event_loop() then raises instead of creating a loop).
+    asyncio.set_event_loop(None)
     yield
     asyncio.set_event_loop_policy(None)
 

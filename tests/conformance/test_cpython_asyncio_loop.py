@@ -4,7 +4,6 @@ Each stock loop has a concrete class in CPython (``EPollEventLoopTests``,
 ``SelectEventLoopTests`` ...); these are the same mixins with a factory that
 returns our loop.
 """
-import sys
 import unittest
 
 from socknotify_loop.loop import Loop
@@ -19,9 +18,9 @@ test_buffered_proto = cpython_test_module("test_asyncio.test_buffered_proto")
 test_sendfile = cpython_test_module("test_asyncio.test_sendfile")
 
 _events_mixin = first_attr(test_events, "UnixEventLoopTestsMixin", "EventLoopTestsMixin")
-_events_bases = (_events_mixin,)
-if sys.platform != "win32":
-    _events_bases += (test_events.SubprocessTestsMixin,)
+# SubprocessTestsMixin on every platform: on Windows the loop runs
+# subprocesses as overlapped I/O on its own port (socknotify_loop._windows_io).
+_events_bases = (_events_mixin, test_events.SubprocessTestsMixin)
 
 NotifyEventLoopTests = bound_class(
     "NotifyEventLoopTests", _events_bases + (test_utils.TestCase,),
