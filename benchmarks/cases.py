@@ -94,6 +94,8 @@ async def _stream_client(host, port, counter, message, connected):
     try:
         while True:
             writer.write(message)
+            # A 100-byte ping-pong never fills the write buffer, so drain()
+            # would only add an await per message; 1 MiB messages need it.
             if size > 65536:
                 await writer.drain()
             await reader.readexactly(size)

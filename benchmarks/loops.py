@@ -4,8 +4,8 @@ Runs in the worker (Linux CPython or Windows CPython under Wine), so only
 the standard library is imported at module level; each peer is imported
 when asked for, and a missing one is reported, not fatal.
 
-Names: ``asyncio`` (the platform default), ``uvloop``, ``trio`` and
-``socknotify`` on Linux; ``proactor``, ``winselector``, ``winloop`` and
+Names: ``asyncio`` (the platform default), ``asyncio-aa`` (the same loop
+again, the A/A control), ``uvloop``, ``trio`` and ``socknotify`` on Linux; ``proactor``, ``winselector``, ``winloop`` and
 ``socknotify-<backend>`` (``afd``, ``psn``) on Windows.
 """
 from __future__ import annotations
@@ -15,8 +15,12 @@ import contextlib
 import os
 import sys
 
-LINUX_LOOPS = ["asyncio", "uvloop", "trio", "socknotify"]
-WINDOWS_LOOPS = ["proactor", "winselector", "winloop", "socknotify-psn", "socknotify-afd"]
+LINUX_LOOPS = ["asyncio", "asyncio-aa", "uvloop", "trio", "socknotify"]
+WINDOWS_LOOPS = ["proactor", "proactor-aa", "winselector", "winloop", "socknotify-psn",
+                 "socknotify-afd"]
+#: the A/A controls: a reference loop measured again under another name, so
+#: control / reference shows, in every run, how far "equal" strays (noise)
+CONTROLS = {"asyncio-aa": "asyncio", "proactor-aa": "proactor"}
 OURS = ("socknotify", "socknotify-psn", "socknotify-afd")
 
 
@@ -37,6 +41,8 @@ def _backend(name):
 
 def loop_factory(name: str):
     """A zero-argument callable making a fresh loop (not for trio)."""
+    if name in CONTROLS:
+        return loop_factory(CONTROLS[name])
     if name == "asyncio":
         return asyncio.new_event_loop
     if name == "uvloop":
@@ -87,6 +93,8 @@ def describe(name: str) -> dict:
         if name == "trio":
             import trio
             return {"available": True, "version": trio.__version__}
+        if name in CONTROLS:
+            return describe(CONTROLS[name])
         if name in ("asyncio", "proactor", "winselector"):
             if name != "asyncio" and sys.platform != "win32":
                 return {"available": False, "error": "Windows only"}

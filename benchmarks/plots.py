@@ -12,7 +12,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from runner import IDLE_SIZES, TIMED_CASES  # noqa: E402
 
 LABELS = {
-    "asyncio": "asyncio", "uvloop": "uvloop", "trio": "trio", "socknotify": "ours (epoll)",
+    "asyncio": "asyncio", "asyncio-aa": "asyncio A/A", "proactor-aa": "Proactor A/A",
+    "uvloop": "uvloop", "trio": "trio",
+    "socknotify": "ours (epoll)",
     "proactor": "Proactor", "winselector": "WinSelector", "winloop": "winloop",
     "socknotify-afd": "ours (afd)", "socknotify-psn": "ours (psn)",
 }

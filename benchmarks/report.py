@@ -17,14 +17,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from loops import OURS  # noqa: E402
+from loops import CONTROLS, OURS  # noqa: E402
 from runner import IDLE_SIZES, MEMORY_CASES, TIMED_CASES  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 IMG = os.path.join(ROOT, "docs", "img")
 
 LOOP_LABELS = {
-    "asyncio": "asyncio", "uvloop": "uvloop", "trio": "trio",
+    "asyncio": "asyncio", "asyncio-aa": "asyncio again (A/A)",
+    "proactor-aa": "Proactor again (A/A)", "uvloop": "uvloop", "trio": "trio",
     "socknotify": "ours (epoll)", "proactor": "Proactor", "winselector": "WinSelector",
     "winloop": "winloop", "socknotify-afd": "ours (afd)", "socknotify-psn": "ours (psn)",
 }
@@ -120,6 +121,8 @@ def targets(results: dict) -> List[dict]:
         if not ours_loops and any(n in OURS for n in section.get("requested", [])):
             rows.append({"platform": platform, "target": "our loop measured",
                          "figure": "our loop was not available", "met": False})
+        control = control_band(section)
+        band = inner_band(control[2]) if control else None
         for ours in ours_loops:
             summary = section["summary"][ours]
             for ref in REFERENCES[name]:
@@ -132,8 +135,12 @@ def targets(results: dict) -> List[dict]:
                     target = f"{label(ours)} / {label(ref)} >= 1.0, {case}"
                     if ratio["stats"]:
                         s = ratio["stats"]
+                        figure = fmt_stats(s, fmt_ratio)
+                        if band and band[0] <= s["median"] < 1.0:
+                            figure += f" (a tie: inside this run's A/A band " \
+                                      f"{band[0]:.2f}x-{band[1]:.2f}x)"
                         rows.append({"platform": platform, "target": target,
-                                     "figure": fmt_stats(s, fmt_ratio), "met": s["median"] >= 1.0})
+                                     "figure": figure, "met": s["median"] >= 1.0})
                     elif mine.get("error"):
                         rows.append({"platform": platform, "target": target,
                                      "figure": f"ours failed: {mine['error']}", "met": False})
@@ -152,8 +159,8 @@ def targets(results: dict) -> List[dict]:
                              "figure": figure, "met": ok})
         memory = {r["loop"]: r for r in section.get("memory", []) if r.get("case") == "memory_streams"}
         if memory:
-            missing = [label(n) for n in section["usable"] if n not in memory
-                       or ("value" not in memory[n] and "error" not in memory[n])]
+            missing = [label(n) for n in section["usable"] if n not in CONTROLS and (
+                n not in memory or ("value" not in memory[n] and "error" not in memory[n]))]
             rows.append({"platform": platform, "target": "memory per idle connection, each loop",
                          "figure": "; ".join(f"{label(n)} {fmt_bytes(r.get('value'))}"
                                              if "value" in r else f"{label(n)} failed"
@@ -172,6 +179,40 @@ def target_lines(results: dict) -> List[str]:
 
 
 # -- tables ----------------------------------------------------------------------------
+
+def control_band(section: dict):
+    """(control, reference, sorted paired ratios) of this section's A/A control."""
+    control = next((n for n in section.get("usable", []) if n in CONTROLS), None)
+    if control is None:
+        return None
+    reference = CONTROLS[control]
+    summary = first_summary(section)
+    ratios = []
+    for case in TIMED_CASES:
+        cells = summary.get(case, {}).get("loops", {})
+        mine = (cells.get(control) or {}).get("per_round", {})
+        theirs = (cells.get(reference) or {}).get("per_round", {})
+        ratios += [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
+    return (control, reference, sorted(ratios)) if ratios else None
+
+
+def inner_band(ratios):
+    """The band holding the middle 80% of the A/A ratios."""
+    return ratios[len(ratios) // 10], ratios[-1 - len(ratios) // 10]
+
+
+def control_line(section: dict) -> List[str]:
+    """What the A/A control says about noise in this very run."""
+    band = control_band(section)
+    if not band:
+        return []
+    control, reference, ratios = band
+    low, high = inner_band(ratios)
+    return [f"Noise in this run: the A/A control ({label(reference)} measured again under "
+            f"another name, in the same rounds) came out at {ratios[0]:.2f}x-{ratios[-1]:.2f}x "
+            f"of {label(reference)} over {len(ratios)} paired figures, 80% of them within "
+            f"{low:.2f}x-{high:.2f}x. A ratio inside that band is a tie.", ""]
+
 
 def rate_table(section: dict, platform: str) -> List[str]:
     loops = section["usable"]
@@ -236,13 +277,14 @@ def memory_table(section: dict) -> List[str]:
         by_case.setdefault(record["case"], {})[record["loop"]] = record
     if not by_case:
         return []
-    head = ["registered as"] + [label(n) for n in section["usable"]]
+    loops = [n for n in section["usable"] if n not in CONTROLS]
+    head = ["registered as"] + [label(n) for n in loops]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for case in MEMORY_CASES:
         if case not in by_case:
             continue
         cells = [CASE_LABELS[case]]
-        for loop in section["usable"]:
+        for loop in loops:
             r = by_case[case].get(loop)
             if r is None or "skipped" in (r or {}):
                 cells.append("-")
@@ -420,7 +462,7 @@ def write(results: dict, results_path: str) -> str:
         section = results.get(name)
         if not section:
             continue
-        out += [f"## {heading}", "", *rate_table(section, name), ""]
+        out += [f"## {heading}", "", *control_line(section), *rate_table(section, name), ""]
         if name in images.get("ratios", {}):
             out += [f"![{title}: rate relative to {label(REFERENCES[name][0])}]"
                     f"(img/{images['ratios'][name]})", ""]

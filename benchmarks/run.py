@@ -2,7 +2,7 @@
 """Benchmark socknotify_loop against its peers, Linux and Wine, in one run.
 
     python benchmarks/run.py            # everything, ~12 minutes on 2 cores
-    python benchmarks/run.py --quick    # smoke run, 2-3 minutes
+    python benchmarks/run.py --quick    # smoke run, 2-3 minutes (no callgrind)
     python benchmarks/run.py --quick --cases pingpong_streams --loops asyncio
 
 Linux: asyncio's default loop, uvloop, trio and ours, each worker pinned to
@@ -13,9 +13,10 @@ in interleaved rounds (runner.py); figures are medians with min/max, and
 every comparison is a ratio between loops of the same run on the same
 platform, never Wine against Linux.
 
-Writes benchmarks/results/<date>.json (raw strace tables and worker
-stderr in benchmarks/results/raw/), and for a full run (no --cases or
---loops filter, or with --report) docs/benchmarks.md and docs/img/*.png.
+Writes benchmarks/results/<date>.json (smoke and partial runs, raw strace
+and callgrind files, worker stderr: benchmarks/results/raw/, not committed),
+and for a full run (not --quick, no --cases or --loops filter; or with
+--report) docs/benchmarks.md and docs/img/bench_*.png.
 """
 from __future__ import annotations
 
@@ -24,12 +25,17 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import counting  # noqa: E402
+import instructions  # noqa: E402
 import machine  # noqa: E402
+import report  # noqa: E402
 import runner  # noqa: E402
+import syscalls  # noqa: E402
 from loops import LINUX_LOOPS, OURS, WINDOWS_LOOPS  # noqa: E402
 from runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress  # noqa: E402
 
@@ -54,7 +60,7 @@ def parse_args(argv=None):
     parser.add_argument("--no-linux", action="store_true")
     parser.add_argument("--no-wine", action="store_true")
     parser.add_argument("--report", action="store_true",
-                        help="write docs/benchmarks.md and plots even for a filtered run")
+                        help="write docs/benchmarks.md and plots even for a quick or filtered run")
     parser.add_argument("--output", help="results file (default results/<date>.json)")
     options = parser.parse_args(argv)
     quick = options.quick
@@ -120,25 +126,23 @@ def available(info: dict, loops):
     return [name for name in loops if info["loops"].get(name, {}).get("available")]
 
 
-def run_platform(platform: Platform, loops, cases, rounds, cfg, options, progress,
-                 memory=True) -> dict:
+def run_platform(platform: Platform, loops, cases, rounds, cfg, options, progress) -> dict:
+    """Describe the loops, then the timed rounds, then the memory figures."""
     info = runner.describe(platform, loops)
     usable = available(info, loops)
     for name in loops:
         if name not in usable:
             log(f"{platform.name}: {name} unavailable: {info['loops'][name].get('error')}")
     timed = [c for c in cases if c in TIMED_CASES]
-    memory_cases = [c for c in cases if c in MEMORY_CASES] if memory else []
+    memory_cases = [c for c in cases if c in MEMORY_CASES]
     progress.add(sum(len(runner.plan_round(timed, usable, r)) for r in range(rounds)))
     progress.add(sum(1 for c in memory_cases for name in usable if runner.supports(name, c)))
     records = runner.timed_rounds(platform, timed, usable, rounds, cfg, progress) if timed else []
     mem_cfg = {"connections": options.connections, "timeout": 240}
-    mem = []
-    if memory_cases:
-        mem = runner.memory_runs(platform, usable, mem_cfg, progress, memory_cases)
+    mem = runner.memory_runs(platform, usable, mem_cfg, progress, memory_cases)
     return {"loops": info["loops"], "process": info["process"], "usable": usable,
-            "requested": loops,
-            "cfg": cfg, "rounds": rounds, "records": records, "memory": mem}
+            "requested": loops, "cfg": cfg, "rounds": rounds, "records": records,
+            "memory": mem}
 
 
 def summarise(section: dict, references) -> None:
@@ -153,6 +157,66 @@ def summarise(section: dict, references) -> None:
     section["idle_scaling"] = runner.idle_scaling(any_summary, section["usable"])
 
 
+def run_linux(options, cfg, progress) -> Optional[dict]:
+    """Linux: timed rounds, memory, then the exact counters (strace, callgrind)."""
+    loops = wanted_loops(options, LINUX_LOOPS)
+    cases = wanted(options, TIMED_CASES + MEMORY_CASES)
+    asked = set(options.case_list or [])
+    want_syscalls = options.case_list is None or "syscalls" in asked
+    # callgrind costs ~2 minutes: left out of --quick unless asked for by name.
+    want_instructions = (options.case_list is None and not options.quick) \
+        or "instructions" in asked
+    if not loops or not (cases or want_syscalls or want_instructions):
+        return None
+    if "socknotify" in loops:
+        ensure_inplace_build()
+    platform = linux_platform(options.cpu)
+    log(f"Linux: loops {', '.join(loops)}; {options.rounds} rounds, "
+        f"{options.warmup}+{options.duration} s per figure, pinned to CPU {options.cpu}")
+    section = run_platform(platform, loops, cases, options.rounds,
+                           dict(cfg, setup_allowance=3), options, progress)
+    section["placement"] = f"worker pinned to CPU {options.cpu} (os.sched_setaffinity)"
+    if want_syscalls:
+        progress.add(len(counting.pairs(section["usable"])))
+        try:
+            section["syscalls"] = syscalls.count(platform, section["usable"],
+                                                 options.strace_counts, progress)
+        except RuntimeError as exc:
+            section["syscalls"] = {"error": str(exc)}
+    if want_instructions:
+        progress.add(len(counting.pairs(section["usable"])))
+        section["instructions"] = instructions.count(platform, section["usable"],
+                                                     options.callgrind_counts, progress)
+    summarise(section, LINUX_REFERENCES)
+    return section
+
+
+def run_wine(options, cfg, progress) -> Optional[dict]:
+    """Windows CPython under Wine: the same rounds and memory figures."""
+    loops = wanted_loops(options, WINDOWS_LOOPS)
+    cases = wanted(options, TIMED_CASES + MEMORY_CASES)
+    if not loops or not cases:
+        return None
+    import wine_side   # only now: it checks for (and may apt-get) Wine and mingw
+    log("Wine: preparing Windows CPython, winloop and our win_amd64 wheel")
+    notes = wine_side.prepare(log)
+    platform = wine_side.platform(options.cpu)
+    log(f"Wine: loops {', '.join(loops)}; {options.wine_rounds} rounds, "
+        f"python.exe and wineserver pinned to CPU {options.cpu}")
+    section = run_platform(platform, loops, cases, options.wine_rounds,
+                           dict(cfg, setup_allowance=20), options, progress)
+    seen = platform.notes["placement_seen"]
+    section["placement"] = {
+        "taskset": f"taskset -c {options.cpu} wine python.exe (wineserver inherits it)",
+        "observed": seen[0] if seen else {},
+        "consistent": all(s == seen[0] for s in seen) if seen else False,
+    }
+    section["wine_version"] = wine_side.wine_version()
+    section["notes"] = notes
+    summarise(section, WINE_REFERENCES)
+    return section
+
+
 def main(argv=None) -> int:
     options = parse_args(argv)
     started = time.monotonic()
@@ -165,75 +229,36 @@ def main(argv=None) -> int:
     results = {"meta": meta}
     cfg = {"warmup": options.warmup, "duration": options.duration, "timeout": 240}
     progress = Progress(0)
-    all_cases = TIMED_CASES + MEMORY_CASES
 
     if not options.no_linux:
-        loops = wanted_loops(options, LINUX_LOOPS)
-        cases = wanted(options, all_cases)
-        counters = {"syscalls", "instructions"} & set(options.case_list or [])
-        if loops and (cases or options.case_list is None or counters):
-            if "socknotify" in loops:
-                ensure_inplace_build()
-            platform = linux_platform(options.cpu)
-            log(f"Linux: loops {', '.join(loops)}; {options.rounds} rounds, "
-                f"{options.warmup}+{options.duration} s per figure, pinned to CPU {options.cpu}")
-            section = run_platform(platform, loops, cases, options.rounds,
-                                   dict(cfg, setup_allowance=3), options, progress)
-            section["placement"] = f"worker pinned to CPU {options.cpu} (os.sched_setaffinity)"
-            import counting
-            if options.case_list is None or "syscalls" in options.case_list:
-                import syscalls
-                progress.add(len(counting.pairs(section["usable"])))
-                try:
-                    section["syscalls"] = syscalls.count(platform, section["usable"],
-                                                         options.strace_counts, progress)
-                except RuntimeError as exc:
-                    section["syscalls"] = {"error": str(exc)}
-            if options.case_list is None or "instructions" in options.case_list:
-                import instructions
-                progress.add(len(counting.pairs(section["usable"])))
-                section["instructions"] = instructions.count(
-                    platform, section["usable"], options.callgrind_counts, progress)
-            summarise(section, LINUX_REFERENCES)
+        section = run_linux(options, cfg, progress)
+        if section:
             results["linux"] = section
-
     if not options.no_wine:
-        loops = wanted_loops(options, WINDOWS_LOOPS)
-        cases = wanted(options, all_cases)
-        if loops and cases:
-            import wine_side
-            log("Wine: preparing Windows CPython, winloop and our win_amd64 wheel")
-            notes = wine_side.prepare(log)
-            platform = wine_side.platform(options.cpu)
-            log(f"Wine: loops {', '.join(loops)}; {options.wine_rounds} rounds, "
-                f"python.exe and wineserver pinned to CPU {options.cpu}")
-            section = run_platform(platform, loops, cases, options.wine_rounds,
-                                   dict(cfg, setup_allowance=20), options, progress)
-            seen = platform.notes["placement_seen"]
-            section["placement"] = {
-                "taskset": f"taskset -c {options.cpu} wine python.exe (wineserver inherits it)",
-                "observed": seen[0] if seen else {},
-                "consistent": all(s == seen[0] for s in seen) if seen else False,
-            }
-            section["wine_version"] = wine_side.wine_version()
-            section["notes"] = notes
-            summarise(section, WINE_REFERENCES)
+        section = run_wine(options, cfg, progress)
+        if section:
             results["wine"] = section
 
     meta["run_seconds"] = time.monotonic() - started
     meta["loadavg_end"] = machine.loadavg()
     os.makedirs(RESULTS, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    output = options.output or os.path.join(RESULTS, f"{stamp}{'-quick' if options.quick else ''}"
-                                                     f"{'-partial' if options.filtered else ''}.json")
+    # Only full runs are kept beside the page; smoke and partial runs go with
+    # the raw files (not committed).
+    if options.quick or options.filtered:
+        suffix = ("-quick" if options.quick else "") + ("-partial" if options.filtered else "")
+        output = os.path.join(runner.RAW, f"{stamp}{suffix}.json")
+    else:
+        output = os.path.join(RESULTS, f"{stamp}.json")
+    output = options.output or output
     with open(output, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, sort_keys=True)
     log(f"results: {os.path.relpath(output, ROOT)} ({meta['run_seconds']:.0f} s)")
 
-    import report
     for line in report.target_lines(results):
         log(line)
-    if not options.filtered or options.report:
+    # The page shows full runs only, unless asked (a smoke run would replace it).
+    if not (options.filtered or options.quick) or options.report:
         page = report.write(results, os.path.relpath(output, ROOT))
         log(f"report: {os.path.relpath(page, ROOT)}")
     return 0

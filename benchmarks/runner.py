@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+from loops import CONTROLS
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
@@ -39,7 +41,10 @@ MEMORY_CASES = ["memory_streams", "memory_add_reader"]
 
 
 def supports(loop: str, case: str) -> bool:
-    """Whether a loop can express a case at all (else it is left out, '-')."""
+    """Whether a loop can express a case at all (else it is left out, '-').
+    The A/A control runs the timed cases only: it is there to show noise."""
+    if loop in CONTROLS:
+        return case in TIMED_CASES
     if loop == "trio":
         return case in TRIO_CASES or case.startswith("idle_")
     return True

@@ -191,9 +191,13 @@ def compile_extension(version: str, workdir: str) -> str:
     pydir = python_dir(version)
     sources = [os.path.join(CORE, name) for name in _build.SOURCES]
     libs = [f"-l{name}" for name in _build.windows_libraries()]
+    with open(os.path.join(pydir, "include", "pyconfig.h"), encoding="latin-1") as f:
+        # 3.12+ headers define MS_WIN64 for mingw themselves; older ones
+        # only for MSVC, and the Win64 ABI must be named explicitly.
+        knows_mingw = "__MINGW32__" in f.read()
     cmd = [MINGW_CC, "-O2", "-shared", "-Wall", "-Werror",
            "-Wno-unused-parameter",  # in cffi's generated module, not ours
-           "-DMS_WIN64", "-D_CFFI_NO_LIMITED_API",
+           *([] if knows_mingw else ["-DMS_WIN64"]), "-D_CFFI_NO_LIMITED_API",
            "-I", os.path.join(pydir, "include"), "-I", CORE,
            generated, *sources, "-o", pyd,
            "-L", pydir, f"-lpython{tag[2:]}", *libs,
