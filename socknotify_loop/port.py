@@ -70,6 +70,15 @@ _NOTIFICATION = struct.Struct("=QI4x")
 assert _REGISTRATION.size == ffi.sizeof("sn_registration_t")
 assert _NOTIFICATION.size == ffi.sizeof("sn_notification_t")
 
+_NOTE_SIZE = _NOTIFICATION.size
+_iter_notes = _NOTIFICATION.iter_unpack
+_from_buffer = ffi.from_buffer
+_process = lib.sn_port_process
+_NULL = ffi.NULL
+_REARM = lib.SN_PROCESS_REARM
+_INFINITE = lib.SN_INFINITE
+_ceil = math.ceil
+
 # A key posted by close() to wake threads still waiting; never returned.
 _CLOSE_WAKE_KEY = _MAX_KEY
 
@@ -112,16 +121,6 @@ def _check_trigger(trigger: int) -> None:
         raise ValueError("TRIGGER_ONESHOT and TRIGGER_PERSISTENT are exclusive")
     if trigger & TRIGGER_LEVEL and trigger & TRIGGER_EDGE:
         raise ValueError("TRIGGER_LEVEL and TRIGGER_EDGE are exclusive")
-
-
-def _timeout_ms(timeout: Optional[float]) -> int:
-    """Seconds to the core's milliseconds: None waits forever, <= 0 polls,
-    and a positive timeout rounds UP so a wait never ends early."""
-    if timeout is None:
-        return lib.SN_INFINITE
-    if timeout <= 0:
-        return 0
-    return min(math.ceil(timeout * 1e3), 0x7FFFFFFF)
 
 
 class Registration:
@@ -229,10 +228,10 @@ class Port:
         self._backend = name
         self._triggers = lib.sn_backend_triggers(_BACKENDS[name])
         self._lock = threading.Lock()
-        self._active = 0          # threads inside the C core
+        self._inside: list = []   # one entry per thread inside the C core
         self._closed = False
         self._held: List[Tuple[int, int]] = []   # notifications of a call that raised
-        self._spare_buffers: list = []
+        self._spare: list = []    # notification buffers, reused across calls
 
     # -- properties ---------------------------------------------------------
 
@@ -272,21 +271,28 @@ class Port:
 
     # -- life cycle -----------------------------------------------------------
 
+    # Threads inside the C core are counted in self._inside, a list whose
+    # append/pop are atomic under the GIL: the hot path takes no lock. The
+    # order makes close() safe: a caller appends, THEN checks _closed;
+    # close() sets _closed, THEN looks at the list. Either close() sees the
+    # caller (and wakes it; the last one out frees the port), or the caller
+    # sees the port closed and backs out before touching the handle.
+
     def _enter(self):
-        with self._lock:
-            if self._closed:
-                raise ValueError("I/O operation on closed port")
-            self._active += 1
-            return self._handle
+        self._inside.append(None)
+        if self._closed:
+            self._leave()
+            raise ValueError("I/O operation on closed port")
+        return self._handle
 
     def _leave(self) -> None:
-        with self._lock:
-            self._active -= 1
-            if self._closed and self._active == 0:
-                self._free()
+        self._inside.pop()
+        if self._closed and not self._inside:
+            self._free()
 
     def _free(self) -> None:
-        handle, self._handle = self._handle, None
+        with self._lock:
+            handle, self._handle = self._handle, None
         if handle is not None:
             lib.sn_port_close(handle)
 
@@ -300,11 +306,15 @@ class Port:
             if self._closed:
                 return
             self._closed = True
-            if self._active == 0:
-                self._free()
-                return
-            for _ in range(self._active):
-                lib.sn_port_post(self._handle, _CLOSE_WAKE_KEY)
+            waiting = len(self._inside)
+            handle = self._handle
+        if waiting == 0:
+            self._free()
+            return
+        for _ in range(waiting):
+            lib.sn_port_post(handle, _CLOSE_WAKE_KEY)
+        if not self._inside:   # they all left while we posted
+            self._free()
 
     def __enter__(self) -> "Port":
         return self
@@ -313,7 +323,7 @@ class Port:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_active", 1) == 0 and getattr(self, "_handle", None) is not None:
+        if not getattr(self, "_inside", True) and getattr(self, "_handle", None) is not None:
             self._closed = True
             self._free()
 
@@ -353,67 +363,84 @@ class Port:
 
     def process_batch(self, changes: Sequence[Tuple[int, int, int, int, int]],
                       timeout: Optional[float],
-                      max_events: int = 1024) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+                      max_events: int = 1024,
+                      rearm: bool = False) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
         """The fast path of :meth:`process`, for the selector.
 
         ``changes`` are ``(fileno, key, events, op, trigger)`` tuples whose
-        values the caller has validated. Returns ``(notifications,
-        failures)``, where failures lists ``(index, os_error_code)`` for each
-        change that failed; nothing is raised for them.
+        values the caller has validated. With ``rearm=True`` the port first
+        re-enables every one-shot registration it delivered since the last
+        such call (and that was not re-enabled or removed meanwhile), in the
+        same kernel call: the selector's steady state without handing each
+        re-arm over. Returns ``(notifications, failures)``, where failures
+        lists ``(index, os_error_code)`` for each change that failed;
+        nothing is raised for them.
         """
-        if not isinstance(max_events, int) or max_events < 1:
+        if max_events.__class__ is not int or max_events < 1:
             raise ValueError(f"max_events must be a positive integer, not {max_events!r}")
-        timeout_ms = _timeout_ms(timeout)
+        # Seconds to the core's milliseconds: None waits forever, <= 0 polls,
+        # and a positive timeout rounds UP so a wait never ends early.
+        if timeout is None:
+            timeout_ms = _INFINITE
+        elif timeout <= 0:
+            timeout_ms = 0
+        else:
+            timeout_ms = min(_ceil(timeout * 1e3), 0x7FFFFFFF)
         held = None
         if self._held:
             # A previous call raised after dequeuing: hand those over first
             # and do not block while doing so. Threads share the list.
             with self._lock:
                 held, self._held = self._held, []
-        if held:
-            timeout_ms = 0
-            max_events = max(1, max_events - len(held))
+            if held:
+                timeout_ms = 0
+                max_events = max(1, max_events - len(held))
 
         count = len(changes)
         if count:
-            packed = bytearray(_REGISTRATION.size * count)
-            pack_into = _REGISTRATION.pack_into
             size = _REGISTRATION.size
+            packed = bytearray(size * count)
+            pack_into = _REGISTRATION.pack_into
             try:
-                for i, change in enumerate(changes):
-                    pack_into(packed, i * size, *change, 0)
+                offset = 0
+                for change in changes:
+                    pack_into(packed, offset, *change, 0)
+                    offset += size
             except struct.error as exc:
                 raise ValueError(f"invalid registration change: {exc}") from None
-            regs = ffi.from_buffer("sn_registration_t[]", packed)
+            regs = _from_buffer("sn_registration_t[]", packed)
         else:
             packed = None
-            regs = ffi.NULL
+            regs = _NULL
 
-        buffer = self._take_buffer(max_events)
-        received = ffi.new("uint32_t *")
+        try:
+            raw, buffer, received = self._spare.pop()
+            if len(raw) < max_events * _NOTE_SIZE:
+                raw, buffer, received = self._new_buffer(max_events)
+        except IndexError:
+            raw, buffer, received = self._new_buffer(max_events)
         handle = self._enter()
         try:
-            err = lib.sn_port_process(handle, regs, count, timeout_ms,
-                                      buffer, max_events, received)
+            err = _process(handle, _REARM if rearm else 0, regs, count, timeout_ms,
+                           buffer, max_events, received)
         finally:
             self._leave()
 
         failures: List[Tuple[int, int]] = []
         if count:
-            result_offset = size - 4
-            unpack_from = struct.unpack_from
-            for i in range(count):
-                code = unpack_from("=I", packed, i * size + result_offset)[0]
-                if code:
-                    failures.append((i, code))
+            # The result field is the last 4 bytes of each 24-byte record.
+            results = memoryview(packed).cast("I")[5::6]
+            if any(results):
+                failures = [(i, code) for i, code in enumerate(results) if code]
         got = received[0]
         if got:
-            raw = ffi.buffer(buffer, got * _NOTIFICATION.size)
-            notifications = [note for note in _NOTIFICATION.iter_unpack(raw)
-                             if note[0] != _CLOSE_WAKE_KEY or note[1] != 0]
+            notifications = list(_iter_notes(memoryview(raw)[:got * _NOTE_SIZE]))
+            if self._closed:
+                notifications = [note for note in notifications
+                                 if note[0] != _CLOSE_WAKE_KEY or note[1] != 0]
         else:
             notifications = []
-        self._spare_buffers.append(buffer)
+        self._spare.append((raw, buffer, received))
         if held:
             notifications = held + notifications
         if err:
@@ -421,20 +448,18 @@ class Port:
             raise _os_error(err, "waiting on the port failed")
         return notifications, failures
 
+    @staticmethod
+    def _new_buffer(max_events: int):
+        """A notification buffer: Python-owned bytes the C core writes
+        into, its cdata view, and the count cell."""
+        raw = bytearray(max(max_events, 64) * _NOTE_SIZE)
+        return raw, _from_buffer("sn_notification_t[]", raw), ffi.new("uint32_t *")
+
     def _hold(self, notifications: List[Tuple[int, int]]) -> None:
         """Keep notifications of a call that raises for the next call."""
         if notifications:
             with self._lock:
                 self._held = notifications + self._held
-
-    def _take_buffer(self, max_events: int):
-        try:
-            buffer = self._spare_buffers.pop()
-        except IndexError:
-            return ffi.new("sn_notification_t[]", max_events)
-        if len(buffer) < max_events:
-            return ffi.new("sn_notification_t[]", max_events)
-        return buffer
 
     def post(self, key: int) -> None:
         """Queue a packet with ``key``: one waiter receives ``(key, 0)``."""

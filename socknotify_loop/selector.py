@@ -9,12 +9,15 @@ So this selector only *records* changes, and :meth:`NotifySelector.select`
 hands them to :meth:`Port.process_batch` together with the re-arm of every
 registration it reported last time.
 
-Why a re-arm list: registrations are one-shot level-triggered. After the
-port delivers a notification for a socket, that registration is disarmed
-until the next ``OP_ENABLE``. A selector user (asyncio) expects level
-semantics: "still readable" must be reported again by the next ``select()``.
+Why re-arms: registrations are one-shot level-triggered. After the port
+delivers a notification for a socket, that registration is disarmed until
+the next ``OP_ENABLE``. A selector user (asyncio) expects level semantics:
+"still readable" must be reported again by the next ``select()``.
 Re-enabling every reported registration in the next call gives exactly that,
-and a socket nobody reads stays reported, as with ``EpollSelector``.
+and a socket nobody reads stays reported, as with ``EpollSelector``. The
+re-arms are the port's own (``rearm=True``): the C core remembers what it
+delivered and prepends those ENABLEs to the batch inside the same call, so
+the steady state hands nothing across the FFI but the wait itself.
 
 Why a fresh port key per registration: the port returns the caller's key
 with each notification. If keys were file descriptors, a notification queued
@@ -143,8 +146,8 @@ class NotifySelector(selectors.BaseSelector):
         self._fd_to_key: Dict[int, SelectorKey] = {}
         self._port_key_of_fd: Dict[int, int] = {}
         # port key -> (SelectorKey, the OP_ENABLE change that arms it); one
-        # dict lookup per notification gives both what to report and how to
-        # re-arm.
+        # dict lookup per notification gives what to report, and the ENABLE
+        # is at hand to retry a failed one or re-arm after an interruption.
         self._by_port_key: Dict[int, Tuple[SelectorKey, tuple]] = {}
         # Changes for the next select(), keyed by port key. Keys only grow,
         # so the dict's insertion order applies a REMOVE of an old
@@ -295,7 +298,11 @@ class NotifySelector(selectors.BaseSelector):
             # would leave readiness for the next call, delaying it.
             max_events = len(fd_to_key) + len(batch) + 1
             try:
-                notifications, failures = self._port.process_batch(batch, timeout, max_events)
+                # rearm=True: the port re-enables, in this same call, every
+                # one-shot registration it delivered last time (the re-arms
+                # of the reported keys), before applying the batch.
+                notifications, failures = self._port.process_batch(
+                    batch, timeout, max_events, rearm=True)
                 ready = []
                 woken = False
                 for port_key, events in notifications:
@@ -314,9 +321,9 @@ class NotifySelector(selectors.BaseSelector):
                         if not events:
                             woken = True
                         continue
-                    key, enable = entry
-                    # Delivered means disarmed: re-arm in the next select().
-                    changes[port_key] = enable
+                    # Delivered means disarmed: the port re-arms it in the
+                    # next select() (rearm=True above).
+                    key = entry[0]
                     mask = mask_of[events] & key.events
                     if mask:
                         ready.append((key, mask))

@@ -31,13 +31,15 @@ class BatchSpy:
 
     def __init__(self, selector: NotifySelector) -> None:
         self.calls = []
+        self.rearm_flags = []
         self.inject = []   # extra notifications to append to the next answer
         self._real = selector.port.process_batch
         selector.port.process_batch = self  # instance attribute shadows the method
 
-    def __call__(self, changes, timeout, max_events):
+    def __call__(self, changes, timeout, max_events, rearm=False):
         self.calls.append((list(changes), timeout))
-        notifications, failures = self._real(changes, timeout, max_events)
+        self.rearm_flags.append(rearm)
+        notifications, failures = self._real(changes, timeout, max_events, rearm)
         if self.inject:
             notifications = list(notifications) + self.inject
             self.inject = []
@@ -150,11 +152,16 @@ def test_one_port_call_per_select_carries_changes_and_rearms(selector, pair):
     changes, timeout = spy.calls[0]
     assert [c[3] for c in changes] == [OP_ENABLE, OP_ENABLE] and timeout == 0
 
-    # Only b was reported: the next call re-arms b and nothing else.
+    # Only b was reported: the next call asks the port to re-arm what it
+    # delivered (b), in the same call, and hands no change of its own.
     assert ready_fds(selector.select(0)) == {(b.fileno(), WRITE)}
     changes, _ = spy.calls[1]
-    assert [(c[0], c[3]) for c in changes] == [(b.fileno(), OP_ENABLE)]
+    assert changes == [] and spy.rearm_flags == [True, True]
     assert len(spy.calls) == 2
+    # a was never reported, so it stays armed and is reported once readable.
+    b.send(b"x")
+    assert ready_fds(selector.select(1)) == {(a.fileno(), READ), (b.fileno(), WRITE)}
+    assert len(spy.calls) == 3
 
 
 def test_level_semantics_through_rearm(selector, pair):
@@ -435,8 +442,8 @@ def test_exception_during_select_rearms_everything(selector):
             writer.send(b"x")
         real = selector.port.process_batch
 
-        def dequeue_then_interrupt(changes, timeout, max_events):
-            real(changes, timeout, max_events)   # dequeues (disarms) them all
+        def dequeue_then_interrupt(changes, timeout, max_events, rearm=False):
+            real(changes, timeout, max_events, rearm)   # dequeues (disarms) them all
             raise KeyboardInterrupt
 
         selector.port.process_batch = dequeue_then_interrupt

@@ -87,13 +87,13 @@ static int epoll__queue_push(epoll_port_t *ep, uint64_t key, uint32_t events,
     slot->key = key;
     slot->events = events;
     slot->posted = posted;
-    ep->queue_len++;
+    __atomic_store_n(&ep->queue_len, ep->queue_len + 1, __ATOMIC_RELAXED);
     if (ep->queue_len == 1) {
         /* The queue just became non-empty: make the eventfd readable. */
         uint64_t one = 1;
         if (write(ep->wakefd, &one, sizeof one) < 0 && errno != EAGAIN) {
             err = errno;
-            ep->queue_len--;
+            __atomic_store_n(&ep->queue_len, ep->queue_len - 1, __ATOMIC_RELAXED);
         }
     }
 out:
@@ -103,14 +103,18 @@ out:
 
 static uint32_t epoll__queue_take(epoll_port_t *ep, sn_kevent_t *out, uint32_t max) {
     uint32_t n = 0;
+    /* The common case, nothing queued, costs neither the lock nor a read:
+       a stale answer here only delays a packet to the wake-up it caused. */
+    if (__atomic_load_n(&ep->queue_len, __ATOMIC_RELAXED) == 0)
+        return 0;
     sn_mutex_lock(&ep->queue_lock);
     while (n < max && ep->queue_len > 0) {
         out[n++] = ep->queue[ep->queue_head];
         ep->queue_head = (ep->queue_head + 1) & (ep->queue_cap - 1);
-        ep->queue_len--;
+        __atomic_store_n(&ep->queue_len, ep->queue_len - 1, __ATOMIC_RELAXED);
     }
-    if (ep->queue_len == 0) {
-        /* Empty again: drain the eventfd so waiters stop waking. */
+    if (n > 0 && ep->queue_len == 0) {
+        /* Emptied by us: drain the eventfd so waiters stop waking. */
         uint64_t count;
         ssize_t ignored = read(ep->wakefd, &count, sizeof count);
         (void)ignored;

@@ -76,7 +76,9 @@ typedef struct sn_record {
     uint64_t user_key;
     uint32_t generation;  /* bumped each time the slot is freed */
     uint16_t events;      /* the event filter of the last ENABLE */
+    uint8_t  trigger;     /* the trigger flags of the last ENABLE */
     uint8_t  state;       /* SN_RECORD_* */
+    uint8_t  delivered;   /* one-shot, delivered, waiting for a REARM call */
 } sn_record_t;
 
 enum {
@@ -101,6 +103,12 @@ struct sn_port {
     uint32_t *index;
     uint32_t index_cap;         /* power of two */
     uint32_t index_used;        /* entries + tombstones */
+    /* Delivered one-shot registrations awaiting an SN_PROCESS_REARM call;
+       tracked once such a call has been made (rearm_mode). */
+    uint32_t *rearm_slots;
+    uint32_t rearm_count;
+    uint32_t rearm_cap;
+    int rearm_mode;
 };
 
 /* The kernel key of a slot: the generation in the high half, so a reused

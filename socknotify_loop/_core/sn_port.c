@@ -207,6 +207,7 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
         return;
     sn__index_remove(port, record->socket, slot);
     record->state = SN_RECORD_FREE;
+    record->delivered = 0;
     record->generation = (record->generation + 1) & 0x7fffffffu;
     if (record->generation == 0)
         record->generation = 1;
@@ -370,6 +371,7 @@ int sn_port_close(sn_port_t *port) {
     free(port->records);
     free(port->free_slots);
     free(port->index);
+    free(port->rearm_slots);
     free(port);
     return 0;
 }
@@ -435,6 +437,8 @@ static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
                     break;
             }
             port->records[slot].events = reg->events;
+            port->records[slot].trigger = reg->trigger;
+            port->records[slot].delivered = 0;
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
@@ -464,17 +468,20 @@ static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
     }
 }
 
-/* Read the kernel's verdicts back into the table (lock held). */
+/* Read the kernel's verdicts back into the table (lock held). The first
+   `internal` kernel registrations are the port's own re-arms: their
+   verdicts settle the table but belong to no caller registration. */
 static void sn__settle(sn_port_t *port, sn_registration_t *regs,
                        sn_registration_t *kregs, sn_pending_t *pending,
-                       uint32_t count) {
+                       uint32_t internal, uint32_t count) {
     uint32_t i;
     for (i = 0; i < count; i++) {
         sn_pending_t *p = &pending[i];
         sn_record_t *record;
         if (p->skip)
             continue;
-        regs[i].result = kregs[i].result;
+        if (i >= internal)
+            regs[i - internal].result = kregs[i].result;
         if (kregs[i].result == 0)
             continue;
         record = &port->records[p->slot];
@@ -486,9 +493,25 @@ static void sn__settle(sn_port_t *port, sn_registration_t *regs,
            deregistered it silently); a failed ENABLE leaves the kernel's
            view unknown. Either way nothing more may be delivered under
            this registration's key. */
-        if (regs[i].op == SN_OP_REMOVE || regs[i].op == SN_OP_ENABLE)
+        if (kregs[i].op == SN_OP_REMOVE || kregs[i].op == SN_OP_ENABLE)
             sn__record_retire(port, p->slot);
     }
+}
+
+/* Note a delivered one-shot registration for the next SN_PROCESS_REARM
+   call. Returns 0 if there is no memory, in which case the caller simply
+   does not get that registration re-armed for it (as without the flag). */
+static int sn__rearm_push(sn_port_t *port, uint32_t slot) {
+    if (port->rearm_count == port->rearm_cap) {
+        uint32_t cap = port->rearm_cap ? port->rearm_cap * 2 : 64;
+        uint32_t *bigger = realloc(port->rearm_slots, (size_t)cap * sizeof *bigger);
+        if (bigger == NULL)
+            return 0;
+        port->rearm_slots = bigger;
+        port->rearm_cap = cap;
+    }
+    port->rearm_slots[port->rearm_count++] = slot;
+    return 1;
 }
 
 /* The events a registration asked for, plus the ones always delivered.
@@ -533,11 +556,41 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         n++;
         if (ev->events & SN_EVENT_REMOVE)
             sn__record_retire(port, slot);
+        else if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
+                 !record->delivered && sn__rearm_push(port, slot))
+            record->delivered = 1;
     }
     return n;
 }
 
-int sn_port_process(sn_port_t *port,
+/* The port's own re-arms (SN_PROCESS_REARM): an ENABLE, with the filter
+   and trigger of the registration's last ENABLE, for every one-shot
+   registration delivered since the last such call and still live. Written
+   at the front of kregs (lock held); returns how many. */
+static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
+                                   sn_pending_t *pending) {
+    uint32_t i, n = 0;
+    for (i = 0; i < port->rearm_count; i++) {
+        uint32_t slot = port->rearm_slots[i];
+        sn_record_t *record = &port->records[slot];
+        if (record->state != SN_RECORD_LIVE || !record->delivered)
+            continue;   /* removed or re-enabled by its owner meanwhile */
+        record->delivered = 0;
+        kregs[n].socket = record->socket;
+        kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
+        kregs[n].events = record->events;
+        kregs[n].op = SN_OP_ENABLE;
+        kregs[n].trigger = record->trigger;
+        kregs[n].result = 0;
+        pending[n].slot = slot;
+        pending[n].skip = 0;
+        n++;
+    }
+    port->rearm_count = 0;
+    return n;
+}
+
+int sn_port_process(sn_port_t *port, uint32_t flags,
                     sn_registration_t *registrations, uint32_t count,
                     int64_t timeout_ms,
                     sn_notification_t *notifications, uint32_t max_notifications,
@@ -548,40 +601,48 @@ int sn_port_process(sn_port_t *port,
     sn_registration_t *kregs = stack_kregs;
     sn_pending_t *pending = stack_pending;
     sn_kevent_t *events = stack_events;
+    uint32_t internal = 0, total;
     int64_t deadline = 0;
     int err = 0;
 
     *received = 0;
-    if (count > 16) {
-        kregs = malloc((size_t)count * sizeof *kregs);
-        pending = malloc((size_t)count * sizeof *pending);
-        if (kregs == NULL || pending == NULL) {
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
-        }
-    }
+    if (flags & ~(uint32_t)SN_PROCESS_REARM)
+        return SN_ERROR_INVALID;
     if (max_notifications > SN_STACK_EVENTS) {
         events = malloc((size_t)max_notifications * sizeof *events);
-        if (events == NULL) {
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
-        }
+        if (events == NULL)
+            return SN_ERROR_NO_MEMORY;
     }
     if (timeout_ms > 0)
         deadline = sn_now_ms() + timeout_ms;
 
     sn_mutex_lock(&port->lock);
-    sn__prepare(port, registrations, kregs, pending, count);
+    if (flags & SN_PROCESS_REARM)
+        port->rearm_mode = 1;
+    total = count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0);
+    if (total > 16) {
+        kregs = malloc((size_t)total * sizeof *kregs);
+        pending = malloc((size_t)total * sizeof *pending);
+        if (kregs == NULL || pending == NULL) {
+            sn_mutex_unlock(&port->lock);
+            err = SN_ERROR_NO_MEMORY;
+            goto out;
+        }
+    }
+    if (flags & SN_PROCESS_REARM)
+        internal = sn__prepare_rearms(port, kregs, pending);
+    sn__prepare(port, registrations, kregs + internal, pending + internal, count);
+    total = internal + count;
     sn_mutex_unlock(&port->lock);
 
     for (;;) {
         uint32_t got = 0, delivered;
-        err = port->ops->process(port, kregs, count, timeout_ms,
+        err = port->ops->process(port, kregs, total, timeout_ms,
                                  events, max_notifications, &got);
         sn_mutex_lock(&port->lock);
-        if (count != 0) {
-            sn__settle(port, registrations, kregs, pending, count);
-            count = 0;   /* registrations are applied once, by the first call */
+        if (total != 0) {
+            sn__settle(port, registrations, kregs, pending, internal, total);
+            total = 0;   /* registrations are applied once, by the first call */
         }
         delivered = sn__deliver(port, events, got, notifications);
         sn_mutex_unlock(&port->lock);

@@ -62,6 +62,15 @@
 #define SN_BACKEND_PSN    2
 #define SN_BACKEND_AFD    3
 
+/* sn_port_process() flag: before the caller's registrations, re-enable
+   (same filter and trigger) every one-shot registration that an earlier
+   call delivered and that nobody re-enabled or removed since. This is the
+   selector's steady state -- re-arm what was reported last time -- done
+   without handing each re-arm across the FFI; the re-arms still reach the
+   kernel in the same call that waits. Meant for a port with one waiting
+   thread: with several, a re-arm may be made by a sibling's call. */
+#define SN_PROCESS_REARM  1
+
 /* sn_port_process()'s timeout value that means "wait forever". */
 #define SN_INFINITE  -1
 
@@ -109,14 +118,15 @@ int sn_backend_available(int backend, char *buf, uint32_t buf_size);
    A registration asking for a flag outside it fails with sn_error_not_supported(). */
 int sn_backend_triggers(int backend);
 
-/* Apply `count` registration changes in order, then wait up to timeout_ms
+/* Apply `count` registration changes in order (after the port's own
+   re-arms if flags has SN_PROCESS_REARM), then wait up to timeout_ms
    (SN_INFINITE = forever, 0 = poll) for notifications and store at most
    max_notifications of them. *received is the number stored (0 on timeout).
    Returns 0, or an error code when the wait itself failed; the registration
    results are valid in both cases. Safe to call from several threads at once
    on one port. Stale notifications are dropped and the wait resumes with
    the remaining time. */
-int sn_port_process(sn_port_t *port,
+int sn_port_process(sn_port_t *port, uint32_t flags,
                     sn_registration_t *registrations, uint32_t count,
                     int64_t timeout_ms,
                     sn_notification_t *notifications, uint32_t max_notifications,

@@ -38,7 +38,7 @@ static sn_registration_t reg(int fd, uint64_t key, uint16_t events, uint8_t op, 
 static uint32_t process(sn_port_t *port, sn_registration_t *regs, uint32_t n,
                         int64_t timeout, sn_notification_t *out, uint32_t max) {
     uint32_t got = 0;
-    CHECK(sn_port_process(port, regs, n, timeout, out, max, &got) == 0);
+    CHECK(sn_port_process(port, 0, regs, n, timeout, out, max, &got) == 0);
     return got;
 }
 
