@@ -475,7 +475,7 @@ def test_io_completion_is_kept_not_dropped(selector, pair):
     selector.register(pair[0], READ)
     answers = [([(0x7FFF12340000, EVENT_IO)], [])]
 
-    def one_completion(changes, timeout, max_events):
+    def one_completion(changes, timeout, max_events, rearm=False):
         return answers.pop()   # a second wait would raise IndexError
 
     selector.port.process_batch = one_completion
