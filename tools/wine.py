@@ -273,13 +273,24 @@ def windows_path(path: str) -> str:
     return "Z:" + os.path.abspath(path).replace("/", "\\")
 
 
+def pip_for_windows(version: str, args) -> None:
+    """pip install into the Windows Python's site-packages, run by the Linux
+    pip for the win_amd64 platform. (The Windows pip itself cannot run under
+    Wine 8 on Python 3.13: its platform module asks WMI, which calls
+    propsys.VariantToString, a Wine stub that aborts.)"""
+    tag = WINDOWS_PYTHONS[version][1]
+    site = os.path.join(python_dir(version), "Lib", "site-packages")
+    run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+         "--upgrade", "--target", site, "--platform", "win_amd64",
+         "--python-version", version, "--implementation", "cp", "--abi", tag,
+         "--only-binary=:all:", *args])
+
+
 def cmd_test(version: str, wheel: str, pytest_args) -> int:
     requirements = os.path.join(ROOT, "tests", "requirements-windows.txt")
-    extra = ["-r", windows_path(requirements)] if os.path.exists(requirements) else TEST_REQUIREMENTS
-    wine_python(version, ["-m", "pip", "install", "-q", "--disable-pip-version-check",
-                          "--no-warn-script-location", *extra])
-    wine_python(version, ["-m", "pip", "install", "-q", "--disable-pip-version-check",
-                          "--force-reinstall", "--no-deps", windows_path(wheel)])
+    pip_for_windows(version, ["-r", requirements] if os.path.exists(requirements)
+                    else TEST_REQUIREMENTS)
+    pip_for_windows(version, ["--no-deps", "--force-reinstall", wheel])
     # Run from a folder without the source package, so the installed wheel
     # is what gets imported.
     rundir = os.path.join(CACHE, "run")
