@@ -79,6 +79,7 @@ typedef struct sn_record {
     uint8_t  trigger;     /* the trigger flags of the last ENABLE */
     uint8_t  state;       /* SN_RECORD_* */
     uint8_t  delivered;   /* one-shot, delivered, waiting for a REARM call */
+    uint8_t  lazy;        /* one-shot kept by us, not the kernel (see sn_port.c) */
 } sn_record_t;
 
 enum {

@@ -30,6 +30,19 @@
  * An OP_ENABLE on a socket whose record is REMOVING starts a fresh record;
  * the old one stays reachable by slot only, until its REMOVE arrives.
  *
+ * Lazy one-shot (epoll, SN_PROCESS_REARM callers only). A caller that
+ * asks the port to re-arm what it delivered, at the start of its next call,
+ * sees exactly the behaviour of a persistent level-triggered registration
+ * whose deliveries are ignored between a delivery and that next call; and
+ * no wait happens in between, since the next call re-arms before it waits.
+ * Where re-arming costs a system call per socket (epoll_ctl) and the kernel
+ * offers persistent level registrations for free, the port therefore keeps
+ * such one-shot registrations persistent in the kernel and the one-shot
+ * state itself ("delivered") in the record: a re-arm is a flag cleared, not
+ * a system call. Registrations made without the flag in force keep
+ * EPOLLONESHOT. On Windows the kernel applies re-arms inside the wait
+ * anyway, so nothing is gained and nothing changes there.
+ *
  * Locking: one mutex guards the table. It is held while registrations are
  * translated and while dequeued events are translated, never across the
  * kernel wait, so several threads can block in sn_port_process() at once.
@@ -208,6 +221,7 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
     sn__index_remove(port, record->socket, slot);
     record->state = SN_RECORD_FREE;
     record->delivered = 0;
+    record->lazy = 0;
     record->generation = (record->generation + 1) & 0x7fffffffu;
     if (record->generation == 0)
         record->generation = 1;
@@ -439,6 +453,13 @@ static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
             port->records[slot].events = reg->events;
             port->records[slot].trigger = reg->trigger;
             port->records[slot].delivered = 0;
+            port->records[slot].lazy = 0;
+            if (port->rearm_mode && port->backend == SN_BACKEND_EPOLL &&
+                (reg->trigger & SN_TRIGGER_ONESHOT) && !(reg->trigger & SN_TRIGGER_EDGE)) {
+                kreg->trigger = (uint8_t)((reg->trigger & ~SN_TRIGGER_ONESHOT) |
+                                          SN_TRIGGER_PERSISTENT);
+                port->records[slot].lazy = 1;
+            }
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
@@ -549,6 +570,8 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         if (record->state == SN_RECORD_FREE ||
             record->generation != SN_KEY_GENERATION(ev->key))
             continue;   /* stale: queued for a registration since retired */
+        if (record->lazy && record->delivered && !(ev->events & SN_EVENT_REMOVE))
+            continue;   /* a lazy one-shot, delivered and not re-armed yet */
         out[n].key = record->user_key;
         out[n].events = sn__filter(record->events, ev->events);
         if (out[n].events == 0)
@@ -576,6 +599,8 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
         if (record->state != SN_RECORD_LIVE || !record->delivered)
             continue;   /* removed or re-enabled by its owner meanwhile */
         record->delivered = 0;
+        if (record->lazy)
+            continue;   /* armed again by clearing the flag: no kernel call */
         kregs[n].socket = record->socket;
         kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
         kregs[n].events = record->events;
