@@ -17,6 +17,12 @@ points ``signal.set_wakeup_fd`` at the loop's self-pipe socket, as
 asyncio's ProactorEventLoop does: the C-level handler writes a byte, the
 port reports the self-pipe readable, ``select()`` returns and the handler
 runs. On POSIX, asyncio already does this in ``add_signal_handler``.
+
+Windows also gets what only ProactorEventLoop had: subprocesses, pipes and
+named pipes, as overlapped I/O completing on the same port
+(:mod:`socknotify_loop._windows_io`), and ``call_soon_threadsafe`` wakes
+the loop with a packet posted to the port rather than a byte through the
+self-pipe (which stays, for the signal wakeup fd).
 """
 from __future__ import annotations
 
@@ -29,10 +35,17 @@ from typing import Optional
 
 from .selector import NotifySelector
 
+if sys.platform == "win32":
+    # Pipes, subprocesses and port wake-ups: overlapped I/O on the same port.
+    from ._windows_io import OverlappedIOMixin
+    _LOOP_BASES: tuple = (OverlappedIOMixin, asyncio.SelectorEventLoop)
+else:
+    _LOOP_BASES = (asyncio.SelectorEventLoop,)
+
 __all__ = ["Loop"]
 
 
-class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc, valid-type]
+class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
     """An asyncio event loop on socket state notifications.
 
     A :class:`asyncio.SelectorEventLoop` whose selector is a
@@ -46,6 +59,8 @@ class Loop(asyncio.SelectorEventLoop):  # type: ignore[misc, valid-type]
         if selector is None:
             selector = NotifySelector()
         super().__init__(selector)
+        if sys.platform == "win32":
+            self._start_overlapped_io()
 
     @property
     def backend(self) -> str:

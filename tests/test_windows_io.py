@@ -9,6 +9,7 @@ scale, a process killed mid-stream, handles not leaked, close() draining.
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import socket
 import sys
@@ -53,6 +54,7 @@ def loop():
     yield loop
     asyncio.set_event_loop(None)
     loop.close()
+    gc.collect()   # a transport left unclosed warns here, in its own test
 
 
 def run(loop, coro, timeout=60):
@@ -70,14 +72,14 @@ def test_io_completion_is_never_taken_for_a_socket(monkeypatch):
         key = selector.register(a, 1)   # EVENT_READ
         port_key = selector._port_key_of_fd[key.fd]
 
-        def fake_process_batch(changes, timeout, max_events=1024):
+        def fake_process_batch(changes, timeout, max_events=1024, rearm=False):
             return [(port_key, EVENT_IO)], []
 
         monkeypatch.setattr(selector._port, "process_batch", fake_process_batch)
         assert selector.select(0) == []
         assert selector.io_completions == [port_key]
 
-        def readable(changes, timeout, max_events=1024):
+        def readable(changes, timeout, max_events=1024, rearm=False):
             return [(port_key, EVENT_IN)], []
 
         monkeypatch.setattr(selector._port, "process_batch", readable)
@@ -200,19 +202,30 @@ def test_connect_read_and_write_pipe(loop):
 
     async def main():
         stream = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), reader_pipe)
+        reading, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream), reader_pipe)
         transport, _ = await loop.connect_write_pipe(asyncio.Protocol, writer_pipe)
         transport.write(b"hello ")
         transport.write(b"pipe")
         transport.close()
-        return await stream.read()
+        data = await stream.read()
+        # StreamReaderProtocol keeps the transport open at EOF (as on any
+        # loop): its owner closes it. Then both let go of their handles.
+        reading.close()
+        for _ in range(200):
+            if reading._sock is None and transport._sock is None:
+                break
+            await asyncio.sleep(0.01)
+        return data, reading._sock, transport._sock
 
-    assert run(loop, main()) == b"hello pipe"
+    assert run(loop, main()) == (b"hello pipe", None, None)
 
 
 @windows_only
 def test_named_pipe_server_and_client(loop):
     address = r"\\.\pipe\socknotify_loop_test_%d" % id(loop)
+
+    lost = []
 
     class Echo(asyncio.Protocol):
         def connection_made(self, transport):
@@ -220,6 +233,12 @@ def test_named_pipe_server_and_client(loop):
 
         def data_received(self, data):
             self.transport.write(data.upper())
+
+        def eof_received(self):
+            self.transport.close()
+
+        def connection_lost(self, exc):
+            lost.append(exc)
 
     async def main():
         [server] = await loop.start_serving_pipe(Echo, address)
@@ -232,6 +251,9 @@ def test_named_pipe_server_and_client(loop):
             answers.append(await stream.readexactly(len(word)))
             transport.close()
         server.close()
+        # The server side sees each client go (and closes its transport).
+        while len(lost) < 3:
+            await asyncio.sleep(0.01)
         return answers
 
     assert run(loop, main()) == [b"ONE", b"TWO", b"THREE"]
@@ -257,6 +279,27 @@ def test_call_soon_threadsafe_posts_to_the_port(loop, monkeypatch):
     thread.join()
     assert time.monotonic() - at < 1.0
     assert posted == [0]
+
+
+@windows_only
+def test_a_burst_of_threadsafe_calls_posts_one_packet(loop, monkeypatch):
+    posted = []
+    port = loop._selector.port
+    original = port.post
+    monkeypatch.setattr(port, "post", lambda key: (posted.append(key), original(key)))
+    ran = []
+    thread = threading.Thread(
+        target=lambda: [loop.call_soon_threadsafe(ran.append, i) for i in range(1000)])
+    thread.start()
+    thread.join()
+    run(loop, asyncio.sleep(0))
+    assert ran == list(range(1000))
+    assert posted == [0]
+    # The next call, after an iteration, wakes the loop again.
+    woken = loop.create_future()
+    threading.Timer(0.1, loop.call_soon_threadsafe, (woken.set_result, 1)).start()
+    assert run(loop, woken, 10) == 1
+    assert posted == [0, 0]
 
 
 @windows_only

@@ -26,7 +26,9 @@ class NotifyPipeTests(test_windows_events.ProactorTests):
     """Named pipes, wait_for_handle and the self-pipe, on our Loop."""
 
     def setUp(self):
-        test_utils.TestCase.setUp(self)
+        # ProactorTests.setUp's parent (WindowsEventsTestCase on 3.12+,
+        # test_utils.TestCase before), skipping the ProactorEventLoop it makes.
+        super(test_windows_events.ProactorTests, self).setUp()
         self.loop = Loop()
         self.set_event_loop(self.loop)
 
