@@ -295,7 +295,10 @@ def cmd_test(version: str, wheel: str, pytest_args) -> int:
     # is what gets imported.
     rundir = os.path.join(CACHE, "run")
     os.makedirs(rundir, exist_ok=True)
-    args = list(pytest_args) or [windows_path(os.path.join(ROOT, "tests"))]
+    args = list(pytest_args)
+    if not any(arg.startswith(("Z:", "tests")) or arg.endswith(".py") for arg in args):
+        # Options only: run the whole suite.
+        args.append(windows_path(os.path.join(ROOT, "tests")))
     start = time.monotonic()
     proc = wine_python(version, ["-m", "pytest", "-p", "no:cacheprovider",
                                  "--rootdir", windows_path(ROOT), "-rs", *args],
