@@ -74,7 +74,10 @@ typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(
      SN_POST_COMPLETION_KEY  packets queued by sn_port_post(); the caller's
                              key rides in lpOverlapped.
      SN_AFD_COMPLETION_KEY   completions of the polyfill's own AFD polls; the
-                             polyfill consumes them and never returns them. */
+                             polyfill consumes them and never returns them.
+     SN_IO_COMPLETION_KEY    (sn_internal.h, 0xFF..FD) overlapped I/O of
+                             handles associated with the port: pipes and
+                             subprocesses; returned as SN_EVENT_IO events. */
 #define SN_POST_COMPLETION_KEY  ((ULONG_PTR)0xFFFFFFFFFFFFFFFFull)
 #define SN_AFD_COMPLETION_KEY   ((ULONG_PTR)0xFFFFFFFFFFFFFFFEull)
 #define SN_RESERVED_KEY_BIT     ((ULONG_PTR)1 << 63)
