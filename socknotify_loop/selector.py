@@ -42,6 +42,7 @@ from time import monotonic as _monotonic
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
+from .port import _fileno as _fileobj_to_fd  # validated as selectors do
 from .port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_IO, EVENT_OUT, OP_ENABLE,
                    OP_REMOVE, TRIGGER_LEVEL, TRIGGER_ONESHOT, Port)
 
@@ -57,7 +58,6 @@ _NO_CHANGES: Tuple[tuple, ...] = ()
 #: A port key no registration uses: ``selector.port.post(WAKEUP_KEY)``
 #: makes a waiting select() return (with ``[]`` if nothing else is ready).
 WAKEUP_KEY = 0
-_MAX_SOCKET = (1 << 64) - 1   # a SOCKET is a UINT_PTR on Win64
 
 # Port event filter for each selector mask. HANGUP is asked for only with
 # READ: a reader meets EOF and unregisters, but a write-only registration
@@ -87,22 +87,6 @@ def _selector_mask(events: int) -> int:
 # Looked up per notification in select(): one tuple index instead of the
 # branches above. Port events fit in 8 bits (IN|OUT|HANGUP|ERR|REMOVE).
 _MASK_OF_EVENTS = tuple(_selector_mask(events) for events in range(256))
-
-
-def _fileobj_to_fd(fileobj: Any) -> int:
-    """A file object's descriptor, validated as the stdlib selectors do."""
-    if isinstance(fileobj, int):
-        fd = int(fileobj)
-    else:
-        try:
-            fd = int(fileobj.fileno())
-        except (AttributeError, TypeError, ValueError):
-            raise ValueError(f"Invalid file object: {fileobj!r}") from None
-    if fd < 0:
-        raise ValueError(f"Invalid file descriptor: {fd}")
-    if fd > _MAX_SOCKET:
-        raise ValueError(f"Invalid file descriptor: {fd}")
-    return fd
 
 
 class _SelectorMapping(Mapping):
