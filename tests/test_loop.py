@@ -622,6 +622,8 @@ def test_package_import_does_not_import_the_loop():
     # here, an installed wheel under Wine).
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(socknotify_loop.__file__))
+    # Run from the package's parent folder: `-c` puts the current folder
+    # first on sys.path, and a source checkout there has no compiled core.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, check=True).stdout
+                         env=env, check=True, cwd=env["PYTHONPATH"]).stdout
     assert out.split() == ["False", "False"]
