@@ -86,11 +86,18 @@ def describe_environment() -> List[str]:
         lines.append(f"forced by SOCKNOTIFY_BACKEND={forced}")
     for name, (ok, why) in available.items():
         lines.append(f"  {name}: {'available' if ok else 'unavailable'} - {why}")
-    lines.append(f"os: {platform.platform()}")
     if sys.platform == "win32":
+        # The build number is what decides the backend (ProcessSocket-
+        # Notifications needs 20348+). Read it from the kernel's own answer:
+        # platform.platform() asks WMI on Python 3.13+, which hangs under
+        # Wine 8 (propsys.VariantToString is a stub there).
         win = sys.getwindowsversion()  # type: ignore[attr-defined]
+        lines.append(f"os: Windows {win.major}.{win.minor} build {win.build} "
+                     f"({os.environ.get('PROCESSOR_ARCHITECTURE', 'unknown machine')})")
         lines.append(f"windows build: {win.major}.{win.minor}.{win.build} "
                      f"(platform {win.platform}, service pack {win.service_pack!r})")
+    else:
+        lines.append(f"os: {platform.platform()}")
     lines.append(f"python: {platform.python_implementation()} {sys.version.split()[0]} "
                  f"({sys.executable})")
     return lines
