@@ -202,11 +202,12 @@ class OverlappedIOMixin:
     create_pipe_connection = windows_events.ProactorEventLoop.create_pipe_connection
     start_serving_pipe = windows_events.ProactorEventLoop.start_serving_pipe
 
-    def _process_events(self, event_list) -> None:
-        # select() has returned: a callback queued by another thread from now
-        # on needs a new wake-up, and one queued before is run this iteration
-        # (call_soon_threadsafe appends to _ready before _write_to_self, and
-        # _run_once counts _ready after this method).
+    def _after_wait(self) -> None:
+        """Called by the loop right after each wait on the port."""
+        # The wait has returned: a callback queued by another thread from
+        # now on needs a new wake-up, and one queued before is run this
+        # iteration (call_soon_threadsafe appends to _ready before
+        # _write_to_self, and _run_once counts _ready after this).
         self._wakeup_posted = False
         # Overlapped completions first: their futures' callbacks then run in
         # this iteration, next to the socket callbacks.
@@ -219,7 +220,11 @@ class OverlappedIOMixin:
                 proactor.complete(addresses)
             else:
                 proactor.forget_unregistered()
-        super()._process_events(event_list)
+
+    def _process_events(self, event_list) -> None:
+        # The stock iteration (debug mode) comes here after select().
+        self._after_wait()
+        super()._process_events(event_list)  # type: ignore[misc]
 
     def _write_to_self(self) -> None:
         # May run in any thread, even while or after the loop closes.

@@ -23,17 +23,63 @@ named pipes, as overlapped I/O completing on the same port
 (:mod:`socknotify_loop._windows_io`), and ``call_soon_threadsafe`` wakes
 the loop with a packet posted to the port rather than a byte through the
 self-pipe (which stays, for the signal wakeup fd).
+
+The iteration. asyncio's ``_run_once`` asks the selector for a list of
+``(key, mask)`` tuples and hands it to ``_process_events``, which looks the
+reader and writer handles up again; it reads the clock after every wait.
+:meth:`Loop._run_once` does the same work in one pass over the port's
+answer: one cffi call writes ``(slot, mask)`` pairs into a buffer, and the
+handles go straight from the registration's key to ``_ready``; the clock is
+read only when a timer is scheduled. ``call_soon`` skips the debug-mode
+bookkeeping when debug is off. Both keep asyncio's semantics exactly: the
+stock methods are the same in Python 3.9 to 3.13 (checked by
+tests/test_loop.py against each version's source), and debug mode runs the
+stock iteration. On other Python versions the stock methods are used.
 """
 from __future__ import annotations
 
 import asyncio
+import heapq
 import signal
 import sys
 import threading
 import warnings
-from typing import Optional
+from asyncio import base_events, events, format_helpers
+from typing import Any, Callable, Optional
 
+from .port import lib as _lib
 from .selector import NotifySelector
+
+_select = _lib.sn_port_select
+_PAIRS = 0xFFFFFFFF
+_Handle = events.Handle
+# Handles whose _run is asyncio's own, which the iteration runs inline;
+# any other class (a subclass with its own _run) is run through _run().
+_PLAIN_HANDLES = (events.Handle, events.TimerHandle)
+_heappop = heapq.heappop
+_MAXIMUM_SELECT_TIMEOUT = base_events.MAXIMUM_SELECT_TIMEOUT
+_MIN_SCHEDULED_TIMER_HANDLES = base_events._MIN_SCHEDULED_TIMER_HANDLES
+_MIN_CANCELLED_TIMER_HANDLES_FRACTION = base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
+_MAX_WAIT_MS = 0x7FFFFFFF
+
+# The Python versions whose stock _run_once, _process_events, call_soon and
+# _call_soon this module's versions were checked against (tests/test_loop.py
+# compares the sources). Elsewhere the stock methods run.
+_FAST_PATH = (3, 9) <= sys.version_info[:2] <= (3, 13)
+
+
+def _callback_failed(handle: events.Handle, exc: BaseException) -> None:
+    """What asyncio's Handle._run does when its callback raises."""
+    if sys.version_info >= (3, 12):
+        source = format_helpers._format_callback_source(
+            handle._callback, handle._args, debug=handle._loop.get_debug())
+    else:
+        source = format_helpers._format_callback_source(handle._callback, handle._args)
+    context = {"message": f"Exception in callback {source}", "exception": exc,
+               "handle": handle}
+    if handle._source_traceback:
+        context["source_traceback"] = handle._source_traceback
+    handle._loop.call_exception_handler(context)
 
 if sys.platform == "win32":
     # Pipes, subprocesses and port wake-ups: overlapped I/O on the same port.
@@ -55,9 +101,15 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
     by default one is made on the best backend available.
     """
 
+    #: Called right after each wait on the port (the Windows loop
+    #: completes overlapped I/O there); None when there is nothing to do.
+    _after_wait: Optional[Callable[[], None]] = None
+
     def __init__(self, selector: Optional[NotifySelector] = None) -> None:
         if selector is None:
             selector = NotifySelector()
+        elif not isinstance(selector, NotifySelector):
+            raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
         super().__init__(selector)
         if sys.platform == "win32":
             self._start_overlapped_io()
@@ -66,6 +118,121 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
     def backend(self) -> str:
         """The notification backend: ``'epoll'``, ``'psn'`` or ``'afd'``."""
         return self._selector.backend  # type: ignore[attr-defined]
+
+    if _FAST_PATH:
+        def call_soon(self, callback: Callable[..., Any], *args: Any,
+                      context: Any = None) -> events.Handle:
+            """Arrange for ``callback(*args)`` to be called soon (FIFO)."""
+            if self._debug:
+                # Thread and callback checks, source tracebacks.
+                return super().call_soon(callback, *args, context=context)
+            if self._closed:
+                raise RuntimeError('Event loop is closed')
+            handle = _Handle(callback, args, self, context)
+            self._ready.append(handle)
+            return handle
+
+        def _run_once(self) -> None:
+            """One iteration: run timers due, wait on the port, queue the
+            ready handles, run what is ready (see the module docstring)."""
+            if self._debug:
+                return super()._run_once()  # type: ignore[misc]
+            scheduled = self._scheduled
+            sched_count = len(scheduled) if scheduled else 0
+            if (sched_count > _MIN_SCHEDULED_TIMER_HANDLES and
+                    self._timer_cancelled_count / sched_count >
+                    _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
+                # Many cancelled timers: rebuild the heap without them.
+                new_scheduled = []
+                for handle in scheduled:
+                    if handle._cancelled:
+                        handle._scheduled = False
+                    else:
+                        new_scheduled.append(handle)
+                heapq.heapify(new_scheduled)
+                scheduled = self._scheduled = new_scheduled
+                self._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0]._cancelled:
+                    self._timer_cancelled_count -= 1
+                    handle = _heappop(scheduled)
+                    handle._scheduled = False
+
+            ready = self._ready
+            if ready or self._stopping:
+                wait_ms = 0
+            elif scheduled:
+                timeout = scheduled[0]._when - self.time()
+                if timeout > _MAXIMUM_SELECT_TIMEOUT:
+                    timeout = _MAXIMUM_SELECT_TIMEOUT
+                # Rounded up, as the selectors round: never wake early.
+                wait_ms = -int(-timeout * 1000.0 // 1) if timeout > 0 else 0
+            else:
+                wait_ms = -1
+
+            selector = self._selector
+            got = _select(selector._handle, selector._pack() if selector._pending else 0,
+                          wait_ms)
+            if got > 0:
+                if got == 1:
+                    # The common case, read without slicing the buffer.
+                    out = selector._out
+                    pairs: Any = ((out[0], out[1]),)
+                else:
+                    if got > _PAIRS:
+                        got = selector._io_completed(got)
+                    values = iter(selector._out[:got << 1].tolist())
+                    pairs = zip(values, values)
+                keys = selector._keys
+                for slot, mask in pairs:
+                    key = keys[slot]
+                    if key is None:
+                        continue
+                    reader, writer = key.data
+                    if mask & 1 and reader is not None:
+                        if reader._cancelled:
+                            self._remove_reader(key.fileobj)
+                        else:
+                            ready.append(reader)
+                    if mask & 2 and writer is not None:
+                        if writer._cancelled:
+                            self._remove_writer(key.fileobj)
+                        else:
+                            ready.append(writer)
+            elif got < 0:
+                selector._raise_for(got)
+            if self._after_wait is not None:
+                self._after_wait()
+
+            # Timers that are due.
+            if scheduled:
+                end_time = self.time() + self._clock_resolution
+                while scheduled:
+                    handle = scheduled[0]
+                    if handle._when >= end_time:
+                        break
+                    handle = _heappop(scheduled)
+                    handle._scheduled = False
+                    ready.append(handle)
+
+            # Run what is ready now; callbacks queued by these run next
+            # time. asyncio's Handle._run, inline: one call frame less per
+            # callback.
+            popleft = ready.popleft
+            for _ in range(len(ready)):
+                handle = popleft()
+                if handle._cancelled:
+                    continue
+                if handle.__class__ in _PLAIN_HANDLES:
+                    try:
+                        handle._context.run(handle._callback, *handle._args)
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        _callback_failed(handle, exc)
+                else:
+                    handle._run()
+            handle = None  # break cycles when an exception occurs
 
     if sys.platform == "win32":
         def run_forever(self) -> None:

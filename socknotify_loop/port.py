@@ -22,12 +22,12 @@ import os
 import struct
 import sys
 import threading
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ._socknotify import ffi, lib
 
 __all__ = [
-    "Port", "Registration", "backend_info", "available_backends",
+    "Port", "Registration", "Change", "backend_info", "available_backends",
     "EVENT_IN", "EVENT_OUT", "EVENT_HANGUP", "EVENT_ERR", "EVENT_REMOVE", "EVENT_IO",
     "IO_COMPLETION_KEY",
     "OP_NONE", "OP_ENABLE", "OP_DISABLE", "OP_REMOVE",
@@ -61,26 +61,50 @@ _OPS = (OP_NONE, OP_ENABLE, OP_DISABLE, OP_REMOVE)
 _MAX_KEY = (1 << 64) - 1
 
 _BACKENDS = {"epoll": lib.SN_BACKEND_EPOLL, "psn": lib.SN_BACKEND_PSN, "afd": lib.SN_BACKEND_AFD}
-_BACKEND_NAMES = {number: name for name, number in _BACKENDS.items()}
+
+#: Names of the kernel-call counters, in the core's order (SN_COUNT_*).
+COUNTER_NAMES = ("waits", "changes", "wakes", "drains",
+                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts")
+assert len(COUNTER_NAMES) == lib.SN_COUNTERS
+
+
+class Change(NamedTuple):
+    """One registration change as the core reads it (``sn_registration_t``
+    without its result field): what :meth:`Port.process` packs for each
+    :class:`Registration`, and what the selector queues."""
+
+    fd: int
+    key: int
+    events: int
+    op: int
+    trigger: int
+
 
 # sn_registration_t and sn_notification_t, packed and unpacked in one call
-# each instead of one cffi attribute access per field (the selector's hot path).
-_REGISTRATION = struct.Struct("=QQHBBI")
-_NOTIFICATION = struct.Struct("=QI4x")
-assert _REGISTRATION.size == ffi.sizeof("sn_registration_t")
+# each instead of one cffi attribute access per field.
+_REGISTRATION = struct.Struct("=QQHBBI")   # Change fields, then the result
+_NOTIFICATION = struct.Struct("=QI4x")     # key, events
+_RESULT_WORD = 5                           # sn_registration_t.result as the 6th uint32
+assert _REGISTRATION.size == ffi.sizeof("sn_registration_t") == 24
 assert _NOTIFICATION.size == ffi.sizeof("sn_notification_t")
 
 _NOTE_SIZE = _NOTIFICATION.size
 _iter_notes = _NOTIFICATION.iter_unpack
 _from_buffer = ffi.from_buffer
-_process = lib.sn_port_process
 _NULL = ffi.NULL
-_REARM = lib.SN_PROCESS_REARM
 _INFINITE = lib.SN_INFINITE
+_QUIET_REMOVE = lib.SN_PROCESS_QUIET_REMOVE
+_ERROR_CLOSED = lib.sn_error_closed()
+_ERROR_BUSY = lib.sn_error_busy()
+_ERROR_INTERRUPTED = lib.sn_error_interrupted()
 _ceil = math.ceil
 
-# A key posted by close() to wake threads still waiting; never returned.
-_CLOSE_WAKE_KEY = _MAX_KEY
+# A process() call returns at most this many notifications, whatever
+# max_events says (the rest wait for the next call), so a huge max_events
+# never allocates a huge buffer; buffers up to _CACHED_EVENTS entries are
+# kept for reuse, larger ones are not.
+_BATCH_LIMIT = 65536
+_CACHED_EVENTS = 4096
 
 Socket = Union[int, "object"]  # an int fileno or any object with fileno()
 
@@ -123,6 +147,17 @@ def _check_trigger(trigger: int) -> None:
         raise ValueError("TRIGGER_LEVEL and TRIGGER_EDGE are exclusive")
 
 
+def timeout_ms(timeout: Optional[float]) -> int:
+    """Seconds to the core's milliseconds: None waits forever, <= 0 polls,
+    and a positive timeout rounds UP, so a wait never ends early (what the
+    stdlib selectors do)."""
+    if timeout is None:
+        return _INFINITE
+    if timeout <= 0:
+        return 0
+    return min(_ceil(timeout * 1e3), 0x7FFFFFFF)
+
+
 class Registration:
     """One registration change, in ``SOCK_NOTIFY_REGISTRATION``'s order.
 
@@ -151,7 +186,7 @@ class Registration:
         """The exception for a failed change, or None."""
         return _os_error(self.result) if self.result else None
 
-    def _validated(self) -> Tuple[int, int, int, int, int]:
+    def _validated(self) -> Change:
         fd = _fileno(self.socket)
         if not isinstance(self.key, int) or not 0 <= self.key <= _MAX_KEY:
             raise ValueError(f"Invalid key (an integer from 0 to 2**64-1): {self.key!r}")
@@ -160,7 +195,7 @@ class Registration:
         if self.op not in _OPS:
             raise ValueError(f"Invalid operation: {self.op!r}")
         _check_trigger(self.trigger)
-        return fd, self.key, self.events, self.op, self.trigger
+        return Change(fd, self.key, self.events, self.op, self.trigger)
 
     def __repr__(self) -> str:
         return (f"Registration(sock={self.socket!r}, key={self.key!r}, "
@@ -168,7 +203,7 @@ class Registration:
                 f"result={self.result})")
 
 
-def available_backends() -> dict:
+def available_backends() -> Dict[str, Tuple[bool, str]]:
     """``{name: (available, reason)}`` for every backend of the core."""
     buf = ffi.new("char[]", 256)
     answer = {}
@@ -179,28 +214,34 @@ def available_backends() -> dict:
 
 
 def _requested_backend(backend: Optional[str]) -> str:
+    """The backend a new Port uses: ``backend``, else SOCKNOTIFY_BACKEND,
+    else the core's choice (its order of preference is the only one)."""
     if backend is None:
         backend = os.environ.get("SOCKNOTIFY_BACKEND") or None
     if backend is None:
-        buf = ffi.new("char[]", 256)
-        for name in ("psn", "afd", "epoll"):
-            if lib.sn_backend_available(_BACKENDS[name], buf, 256):
+        number = lib.sn_backend_default()
+        for name, value in _BACKENDS.items():
+            if value == number:
                 return name
         raise OSError(errno.ENOSYS, f"no notification backend on {sys.platform}")
-    if backend not in _BACKENDS:
+    name = backend.strip().lower() if isinstance(backend, str) else backend
+    if name not in _BACKENDS:
         raise ValueError(f"unknown backend {backend!r} (choose from {', '.join(_BACKENDS)})")
-    return backend
+    return name
 
 
 def backend_info(backend: Optional[str] = None) -> dict:
     """Which backend a new Port would use and why.
 
-    Returns ``{'backend': name, 'reason': sentence, 'available': {name: (bool, reason)}}``;
-    the backend may be forced with ``SOCKNOTIFY_BACKEND``.
+    Returns ``{'backend': name, 'usable': bool, 'reason': sentence,
+    'available': {name: (bool, reason)}}``; the backend may be forced with
+    ``SOCKNOTIFY_BACKEND``, and ``usable`` is False when the forced one is
+    not available here.
     """
     available = available_backends()
     name = _requested_backend(backend)
-    return {"backend": name, "reason": available[name][1], "available": available}
+    usable, reason = available[name]
+    return {"backend": name, "usable": usable, "reason": reason, "available": available}
 
 
 class Port:
@@ -211,8 +252,11 @@ class Port:
     variable ``SOCKNOTIFY_BACKEND`` or else the best one available. Asking
     for a backend this machine lacks raises :class:`OSError` with the reason.
 
-    Waiting releases the GIL, so several threads may wait on one port; each
-    notification goes to one of them.
+    Every method is safe to call from any thread at any time, :meth:`close`
+    included: waiting releases the GIL, several threads may wait on one
+    port (each notification goes to one of them), and :meth:`close` wakes
+    them all. A port does not survive ``fork()``: in the child it behaves
+    as closed (:meth:`close` there releases only the child's descriptors).
     """
 
     def __init__(self, backend: Optional[str] = None) -> None:
@@ -224,11 +268,14 @@ class Port:
                 reason = available_backends()[name][1]
                 raise OSError(errno.ENOSYS, f"backend {name!r} is not available: {reason}")
             raise _os_error(error[0], f"cannot open a {name} port")
-        self._handle = handle
+        # The C port's memory lives exactly as long as this object: a call
+        # racing close() reads valid memory and fails cleanly in the core.
+        self._handle = ffi.gc(handle, lib.sn_port_free)
         self._backend = name
+        self._pid = os.getpid()
         self._triggers = lib.sn_backend_triggers(_BACKENDS[name])
+        self._caps = lib.sn_backend_caps(_BACKENDS[name])
         self._lock = threading.Lock()
-        self._inside: list = []   # one entry per thread inside the C core
         self._closed = False
         self._held: List[Tuple[int, int]] = []   # notifications of a call that raised
         self._spare: list = []    # notification buffers, reused across calls
@@ -245,76 +292,68 @@ class Port:
         """The OS object behind the port: the completion port HANDLE on
         Windows (associate overlapped handles with it under
         :data:`IO_COMPLETION_KEY`), the epoll descriptor on Linux."""
-        handle = self._enter()
-        try:
-            return lib.sn_port_os_handle(handle)
-        finally:
-            self._leave()
+        out = ffi.new("uint64_t *")
+        self._check(lib.sn_port_os_handle(self._handle, out))
+        return int(out[0])
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` was called."""
-        return self._closed
+        """True once :meth:`close` was called (or in a forked child)."""
+        return self._closed or os.getpid() != self._pid
 
     @property
     def registered(self) -> int:
-        """Number of live registrations."""
-        handle = self._enter()
-        try:
-            return lib.sn_port_registered(handle)
-        finally:
-            self._leave()
+        """Number of live registrations (0 once closed)."""
+        return int(lib.sn_port_registered(self._handle))
+
+    @property
+    def changes_at_once(self) -> bool:
+        """Whether every registration change costs a system call of its own
+        (epoll), so that nothing is saved by carrying changes to the next
+        wait (see ``SN_CAP_CHANGES_AT_ONCE``)."""
+        return bool(self._caps & lib.SN_CAP_CHANGES_AT_ONCE)
 
     def supports(self, trigger: int) -> bool:
         """Whether this backend honours all the given ``TRIGGER_*`` flags."""
         return not (trigger & ~self._triggers)
 
+    def counters(self) -> Dict[str, int]:
+        """Kernel calls made for this port so far, by kind (see
+        ``COUNTER_NAMES``): ``waits`` (epoll_wait, or calls of the
+        ProcessSocketNotifications function: the OS's on psn, the polyfill
+        on afd), ``changes`` (epoll_ctl), ``wakes``/``drains`` (eventfd or
+        PostQueuedCompletionStatus), and on afd the polyfill's own
+        NtDeviceIoControlFile polls, NtCancelIoFileEx cancels,
+        GetQueuedCompletionStatusEx dequeues and posted packets."""
+        out = ffi.new("uint64_t[]", len(COUNTER_NAMES))
+        n = lib.sn_port_counters(self._handle, out, len(COUNTER_NAMES))
+        return {COUNTER_NAMES[i]: int(out[i]) for i in range(n)}
+
+    # -- errors ---------------------------------------------------------------
+
+    def _closed_error(self) -> ValueError:
+        if os.getpid() != self._pid:
+            return ValueError("I/O operation on closed port (it was opened by the "
+                              "parent process; a port does not survive fork())")
+        return ValueError("I/O operation on closed port")
+
+    def _check(self, err: int, what: str = "") -> None:
+        if err:
+            if err == _ERROR_CLOSED and self.closed:
+                raise self._closed_error()
+            raise _os_error(err, what)
+
     # -- life cycle -----------------------------------------------------------
-
-    # Threads inside the C core are counted in self._inside, a list whose
-    # append/pop are atomic under the GIL: the hot path takes no lock. The
-    # order makes close() safe: a caller appends, THEN checks _closed;
-    # close() sets _closed, THEN looks at the list. Either close() sees the
-    # caller (and wakes it; the last one out frees the port), or the caller
-    # sees the port closed and backs out before touching the handle.
-
-    def _enter(self):
-        self._inside.append(None)
-        if self._closed:
-            self._leave()
-            raise ValueError("I/O operation on closed port")
-        return self._handle
-
-    def _leave(self) -> None:
-        self._inside.pop()
-        if self._closed and not self._inside:
-            self._free()
-
-    def _free(self) -> None:
-        with self._lock:
-            handle, self._handle = self._handle, None
-        if handle is not None:
-            lib.sn_port_close(handle)
 
     def close(self) -> None:
         """Close the port; registrations are dropped. Idempotent.
 
-        Threads still waiting in :meth:`process` are woken and return; the
-        C port is freed when the last of them has left.
+        Threads waiting in :meth:`process` are woken and return; close()
+        returns once they have left the core and the OS resources are
+        released. Later calls raise :class:`ValueError`.
         """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            waiting = len(self._inside)
-            handle = self._handle
-        if waiting == 0:
-            self._free()
-            return
-        for _ in range(waiting):
-            lib.sn_port_post(handle, _CLOSE_WAKE_KEY)
-        if not self._inside:   # they all left while we posted
-            self._free()
+        self._closed = True
+        lib.sn_port_close(self._handle)   # the GIL is released meanwhile
 
     def __enter__(self) -> "Port":
         return self
@@ -322,13 +361,8 @@ class Port:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        if not getattr(self, "_inside", True) and getattr(self, "_handle", None) is not None:
-            self._closed = True
-            self._free()
-
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self.closed else "open"
         return f"<Port backend={self._backend} {state}>"
 
     # -- the one call -------------------------------------------------------------
@@ -341,51 +375,24 @@ class Port:
         Returns a list of ``(key, events)``; a packet from :meth:`post` has
         ``events == 0``. ``timeout`` is in seconds: None waits forever, 0 or
         less polls, a positive value is rounded up to whole milliseconds.
-        Each registration's ``result`` is filled in. If any failed, the first
-        failure is raised as :class:`OSError` (its ``registration`` attribute
-        names it) and the notifications dequeued by this call are returned by
-        the next one, so none is lost.
+        At most ``max_events`` (and at most 65536) notifications are
+        returned; the rest wait for the next call. Each registration's
+        ``result`` is filled in. If any failed, the call does not block, the
+        first failure is raised as :class:`OSError` (its ``registration``
+        attribute names it) and the notifications dequeued by this call are
+        returned by the next one, so none is lost.
         """
         registrations = list(registrations)
-        changes = [reg._validated() for reg in registrations]
-        notifications, failures = self.process_batch(changes, timeout, max_events)
-        for reg in registrations:
-            reg.result = 0
-        for index, code in failures:
-            registrations[index].result = code
-        if failures:
-            index, code = failures[0]
-            self._hold(notifications)
-            error = _os_error(code, f"registration {index} ({registrations[index]!r}) failed")
-            error.registration = registrations[index]  # type: ignore[attr-defined]
-            raise error
-        return notifications
-
-    def process_batch(self, changes: Sequence[Tuple[int, int, int, int, int]],
-                      timeout: Optional[float],
-                      max_events: int = 1024,
-                      rearm: bool = False) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
-        """The fast path of :meth:`process`, for the selector.
-
-        ``changes`` are ``(fileno, key, events, op, trigger)`` tuples whose
-        values the caller has validated. With ``rearm=True`` the port first
-        re-enables every one-shot registration it delivered since the last
-        such call (and that was not re-enabled or removed meanwhile), in the
-        same kernel call: the selector's steady state without handing each
-        re-arm over. Returns ``(notifications, failures)``, where failures
-        lists ``(index, os_error_code)`` for each change that failed;
-        nothing is raised for them.
-        """
         if max_events.__class__ is not int or max_events < 1:
             raise ValueError(f"max_events must be a positive integer, not {max_events!r}")
-        # Seconds to the core's milliseconds: None waits forever, <= 0 polls,
-        # and a positive timeout rounds UP so a wait never ends early.
-        if timeout is None:
-            timeout_ms = _INFINITE
-        elif timeout <= 0:
-            timeout_ms = 0
-        else:
-            timeout_ms = min(_ceil(timeout * 1e3), 0x7FFFFFFF)
+        # Everything that can raise ValueError happens before anything is
+        # taken from the port or from the held notifications.
+        changes = [reg._validated() for reg in registrations]
+        wait_ms = timeout_ms(timeout)
+        count = len(changes)
+        packed = _pack(changes) if count else None
+        capacity = min(max_events, _BATCH_LIMIT)
+
         held = None
         if self._held:
             # A previous call raised after dequeuing: hand those over first
@@ -393,66 +400,64 @@ class Port:
             with self._lock:
                 held, self._held = self._held, []
             if held:
-                timeout_ms = 0
-                max_events = max(1, max_events - len(held))
-
-        count = len(changes)
-        if count:
-            size = _REGISTRATION.size
-            packed = bytearray(size * count)
-            pack_into = _REGISTRATION.pack_into
-            try:
-                offset = 0
-                for change in changes:
-                    pack_into(packed, offset, *change, 0)
-                    offset += size
-            except struct.error as exc:
-                raise ValueError(f"invalid registration change: {exc}") from None
-            regs = _from_buffer("sn_registration_t[]", packed)
-        else:
-            packed = None
-            regs = _NULL
+                wait_ms = 0
+                capacity = max(1, capacity - len(held))
 
         try:
             raw, buffer, received = self._spare.pop()
-            if len(raw) < max_events * _NOTE_SIZE:
-                raw, buffer, received = self._new_buffer(max_events)
+            if len(raw) < capacity * _NOTE_SIZE:
+                raw, buffer, received = self._new_buffer(capacity)
         except IndexError:
-            raw, buffer, received = self._new_buffer(max_events)
-        handle = self._enter()
-        try:
-            err = _process(handle, _REARM if rearm else 0, regs, count, timeout_ms,
-                           buffer, max_events, received)
-        finally:
-            self._leave()
-
-        failures: List[Tuple[int, int]] = []
-        if count:
-            # The result field is the last 4 bytes of each 24-byte record.
-            results = memoryview(packed).cast("I")[5::6]
-            if any(results):
-                failures = [(i, code) for i, code in enumerate(results) if code]
+            raw, buffer, received = self._new_buffer(capacity)
+        regs = _from_buffer("sn_registration_t[]", packed) if count else _NULL
+        err = lib.sn_port_process(self._handle, 0, regs, count, wait_ms,
+                                  buffer, capacity, received)
         got = received[0]
-        if got:
-            notifications = list(_iter_notes(memoryview(raw)[:got * _NOTE_SIZE]))
-            if self._closed:
-                notifications = [note for note in notifications
-                                 if note[0] != _CLOSE_WAKE_KEY or note[1] != 0]
-        else:
-            notifications = []
-        self._spare.append((raw, buffer, received))
+        notifications = list(_iter_notes(memoryview(raw)[:got * _NOTE_SIZE])) if got else []
+        if len(raw) <= _CACHED_EVENTS * _NOTE_SIZE:
+            self._spare.append((raw, buffer, received))
         if held:
             notifications = held + notifications
+        results = memoryview(packed).cast("I")[_RESULT_WORD::6] if count else ()
+        for reg, code in zip(registrations, results):
+            reg.result = code
         if err:
             self._hold(notifications)
-            raise _os_error(err, "waiting on the port failed")
-        return notifications, failures
+            self._check(err, "waiting on the port failed")
+        for index, code in enumerate(results):
+            if code:
+                self._hold(notifications)
+                reg = registrations[index]
+                error = _os_error(code, f"registration {index} ({reg!r}) failed")
+                error.registration = reg  # type: ignore[attr-defined]
+                raise error
+        return notifications
+
+    def _apply(self, changes: Sequence[Change]) -> List[int]:
+        """Apply changes at once, without waiting or dequeuing; successful
+        REMOVEs retire quietly (no REMOVE notification). Returns each
+        change's OS error code (0 for success). For the selector."""
+        packed = _pack(changes)
+        received = ffi.new("uint32_t *")
+        err = lib.sn_port_process(self._handle, _QUIET_REMOVE,
+                                  _from_buffer("sn_registration_t[]", packed),
+                                  len(changes), 0, _NULL, 0, received)
+        self._check(err, "applying registration changes failed")
+        return list(memoryview(packed).cast("I")[_RESULT_WORD::6])
+
+    def _probe(self, fd: int) -> int:
+        """0 if ``fd`` passes the backend's cheap registration check (see
+        ``sn_port_check``), else the error code a registration would get."""
+        err = lib.sn_port_check(self._handle, fd)
+        if err == _ERROR_CLOSED and self.closed:
+            raise self._closed_error()
+        return err
 
     @staticmethod
-    def _new_buffer(max_events: int):
+    def _new_buffer(capacity: int):
         """A notification buffer: Python-owned bytes the C core writes
         into, its cdata view, and the count cell."""
-        raw = bytearray(max(max_events, 64) * _NOTE_SIZE)
+        raw = bytearray(max(capacity, 64) * _NOTE_SIZE)
         return raw, _from_buffer("sn_notification_t[]", raw), ffi.new("uint32_t *")
 
     def _hold(self, notifications: List[Tuple[int, int]]) -> None:
@@ -465,10 +470,17 @@ class Port:
         """Queue a packet with ``key``: one waiter receives ``(key, 0)``."""
         if not isinstance(key, int) or not 0 <= key < _MAX_KEY:
             raise ValueError(f"Invalid key (an integer from 0 to 2**64-2): {key!r}")
-        handle = self._enter()
-        try:
-            err = lib.sn_port_post(handle, key)
-        finally:
-            self._leave()
-        if err:
-            raise _os_error(err, "post failed")
+        self._check(lib.sn_port_post(self._handle, key), "post failed")
+
+
+def _pack(changes: Sequence[Change]) -> bytearray:
+    """Changes as an array of sn_registration_t (results zeroed)."""
+    size = _REGISTRATION.size
+    packed = bytearray(size * len(changes))
+    pack_into = _REGISTRATION.pack_into
+    try:
+        for offset, change in zip(range(0, len(packed), size), changes):
+            pack_into(packed, offset, *change, 0)
+    except struct.error as exc:
+        raise ValueError(f"invalid registration change: {exc}") from None
+    return packed

@@ -1,50 +1,55 @@
 """NotifySelector: a :mod:`selectors` selector on one notification port.
 
-The stdlib selectors tell the kernel about every change the moment
-``register``/``modify``/``unregister`` is called, then wait in a separate
-call. The Winsock socket state notifications model wants the opposite: ONE
-kernel transition per loop iteration that applies every change AND waits
-(``ProcessSocketNotifications``; emulated on Linux by the epoll backend).
-So this selector only *records* changes, and :meth:`NotifySelector.select`
-hands them to :meth:`Port.process_batch` together with the re-arm of every
-registration it reported last time.
+The Winsock socket state notifications model wants ONE kernel transition
+per loop iteration that applies every registration change AND waits
+(``ProcessSocketNotifications``). So on the completion-port backends this
+selector only *records* ``register``/``modify``/``unregister`` and hands the
+changes to the port in :meth:`NotifySelector.select`, the one call that
+waits. On epoll, where every change is a system call of its own wherever it
+is made, changes are applied at once instead, which also reports a refused
+registration (a regular file: ``PermissionError``) at ``register()``,
+exactly where ``selectors.EpollSelector`` reports it.
 
 Why re-arms: registrations are one-shot level-triggered. After the port
 delivers a notification for a socket, that registration is disarmed until
 the next ``OP_ENABLE``. A selector user (asyncio) expects level semantics:
-"still readable" must be reported again by the next ``select()``.
-Re-enabling every reported registration in the next call gives exactly that,
-and a socket nobody reads stays reported, as with ``EpollSelector``. The
-re-arms are the port's own (``rearm=True``): the C core remembers what it
-delivered and prepends those ENABLEs to the batch inside the same call, so
-the steady state hands nothing across the FFI but the wait itself.
+"still readable" must be reported again by the next ``select()``. The C core
+remembers what it delivered and re-enables it at the start of the next
+select, inside the same kernel call that waits, so the steady state hands
+nothing across the FFI but the wait itself.
 
-Why a fresh port key per registration: the port returns the caller's key
-with each notification. If keys were file descriptors, a notification queued
-for a socket that a callback unregistered and closed (and whose descriptor
-was reused by a new registration) would be delivered to the new owner. Each
-``register()`` therefore takes a new key from a counter, notifications are
-mapped key -> :class:`selectors.SelectorKey`, and a key no longer in the map
-is dropped. The core additionally drops packets of retired registrations.
+Why a port key per registration: the port returns the caller's key with
+each notification. A registration takes a small integer (a slot) and the
+notification comes back as ``(slot, mask)``: one list index gives the
+:class:`selectors.SelectorKey`. A slot is reused at once after
+``unregister``: the core gives each registration its own kernel key
+generation and drops whatever is still queued for a removed one, so the new
+owner of a slot never sees the old one's events.
 
-Why registration failures never raise from ``select()``: changes are applied
-lazily, so ``register()`` cannot see the error (e.g. the socket was closed
-before the next ``select()``). Like ``EPOLLERR`` with epoll, the failure is
-reported as readiness for the key's events, so its owner's callback meets
-the error in ``recv``/``send``; the registration is retried on the next
-``select()`` until it is unregistered.
+The hot path (``select()``, and :class:`~socknotify_loop.loop.Loop`, which
+reads the same buffer) costs one cffi call with three integer arguments:
+the port writes ``(slot, selector mask)`` pairs into a buffer bound to it
+once, and Python reads them with one ``memoryview.tolist()``. The mask is
+computed in C the way ``selectors.EpollSelector`` computes it, and limited
+to what the registration asked for.
+
+A change refused by the kernel at ``select()`` time (on the completion-port
+backends: a socket closed between ``register()`` and the next ``select()``)
+never leaves the wait blocked: it is reported once as ready for the key's
+events, like ``EPOLLERR``, so its owner's callback meets the error in
+``recv``/``send``; the registration is dropped by the port.
 """
 from __future__ import annotations
 
-import itertools
 import selectors
-from time import monotonic as _monotonic
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from time import monotonic as _monotonic
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
+from .port import (EVENT_HANGUP, EVENT_IN, EVENT_OUT, OP_ENABLE, OP_REMOVE, TRIGGER_LEVEL,
+                   TRIGGER_ONESHOT, Change, Port, _os_error, timeout_ms)
 from .port import _fileno as _fileobj_to_fd  # validated as selectors do
-from .port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_IO, EVENT_OUT, OP_ENABLE,
-                   OP_REMOVE, TRIGGER_LEVEL, TRIGGER_ONESHOT, Port)
+from .port import _ERROR_BUSY, _ERROR_CLOSED, _ERROR_INTERRUPTED, _REGISTRATION, ffi, lib
 
 __all__ = ["NotifySelector", "WAKEUP_KEY"]
 
@@ -53,40 +58,32 @@ EVENT_WRITE = selectors.EVENT_WRITE
 SelectorKey = selectors.SelectorKey
 
 _ONESHOT_LEVEL = TRIGGER_ONESHOT | TRIGGER_LEVEL
-_NO_CHANGES: Tuple[tuple, ...] = ()
 
-#: A port key no registration uses: ``selector.port.post(WAKEUP_KEY)``
-#: makes a waiting select() return (with ``[]`` if nothing else is ready).
+#: A key for ``selector.port.post(WAKEUP_KEY)``: it makes a waiting
+#: select() return (with ``[]`` if nothing else is ready). Any posted key
+#: does; this one is kept for the loop's wake-ups.
 WAKEUP_KEY = 0
 
-# Port event filter for each selector mask. HANGUP is asked for only with
-# READ: a reader meets EOF and unregisters, but a write-only registration
-# would be woken again and again by a peer's half-close (shutdown(SHUT_WR)
-# keeps the hang-up condition true) while its send buffer stays full.
+# Port event filter for each selector mask. HANGUP goes with READ: a
+# reader meets EOF when the peer hangs up. A write-only registration does
+# not ask for it: a peer's half-close does not make a full send buffer
+# writable.
 _FILTER_OF_MASK = {
     EVENT_READ: EVENT_IN | EVENT_HANGUP,
     EVENT_WRITE: EVENT_OUT,
     EVENT_READ | EVENT_WRITE: EVENT_IN | EVENT_HANGUP | EVENT_OUT,
 }
 
-
-def _selector_mask(events: int) -> int:
-    """Port events -> selector mask: IN is READ, OUT is WRITE, and ERR or
-    HANGUP wake both directions (a failed connect reports ERR without OUT).
-    REMOVE and posted packets (0) map to no readiness."""
-    mask = 0
-    if events & EVENT_IN:
-        mask |= EVENT_READ
-    if events & EVENT_OUT:
-        mask |= EVENT_WRITE
-    if events & (EVENT_ERR | EVENT_HANGUP):
-        mask |= EVENT_READ | EVENT_WRITE
-    return mask
+# sn_port_select()'s answer: pairs in the low 32 bits, I/O keys above.
+_PAIRS = 0xFFFFFFFF
+_WORDS_PER_PAIR = 2     # (slot, selector mask), each a uint64
 
 
-# Looked up per notification in select(): one tuple index instead of the
-# branches above. Port events fit in 8 bits (IN|OUT|HANGUP|ERR|REMOVE).
-_MASK_OF_EVENTS = tuple(_selector_mask(events) for events in range(256))
+class _Record(NamedTuple):
+    """One registration: its selector key and its port key (slot)."""
+
+    key: SelectorKey
+    slot: int
 
 
 class _SelectorMapping(Mapping):
@@ -98,17 +95,17 @@ class _SelectorMapping(Mapping):
         self._selector = selector
 
     def __len__(self) -> int:
-        return len(self._selector._fd_to_key)
+        return len(self._selector._records)
 
     def __getitem__(self, fileobj: Any) -> SelectorKey:
         fd = self._selector._fileobj_lookup(fileobj)
         try:
-            return self._selector._fd_to_key[fd]
+            return self._selector._records[fd].key
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._selector._fd_to_key)
+        return iter(self._selector._records)
 
 
 class NotifySelector(selectors.BaseSelector):
@@ -116,38 +113,67 @@ class NotifySelector(selectors.BaseSelector):
 
     Same contract as the stdlib selectors (``select()`` returns
     ``[(key, mask & key.events)]``; ``None`` blocks, ``<= 0`` polls, a
-    positive timeout is rounded up to milliseconds; ERR and HANGUP wake both
-    directions; unregistering a closed socket does not raise), with every
-    change deferred to the next :meth:`select`, which applies the changes and
-    waits in one port call.
+    positive timeout is rounded up to milliseconds; ERR wakes both
+    directions; unregistering a closed socket does not raise). Changes are
+    applied at once on epoll and with the next :meth:`select` on the
+    completion-port backends, where a descriptor that is not an open
+    socket is still refused at :meth:`register`.
 
     ``backend`` chooses the port's backend (see :class:`Port`); ``None``
-    takes ``SOCKNOTIFY_BACKEND`` or the best one available.
+    takes ``SOCKNOTIFY_BACKEND`` or the best one available. One thread at a
+    time may be inside :meth:`select` (a second raises RuntimeError).
     """
 
     def __init__(self, backend: Optional[str] = None) -> None:
         self._port = Port(backend)
-        self._fd_to_key: Dict[int, SelectorKey] = {}
-        self._port_key_of_fd: Dict[int, int] = {}
-        # port key -> (SelectorKey, the OP_ENABLE change that arms it); one
-        # dict lookup per notification gives what to report, and the ENABLE
-        # is at hand to retry a failed one or re-arm after an interruption.
-        self._by_port_key: Dict[int, Tuple[SelectorKey, tuple]] = {}
-        # Changes for the next select(), keyed by port key. Keys only grow,
-        # so the dict's insertion order applies a REMOVE of an old
-        # registration before the ENABLE of a new one on the same fd.
-        self._changes: Dict[int, tuple] = {}
-        # Registrations whose first ENABLE has not reached the port yet:
-        # unregistering one just forgets it instead of sending a REMOVE.
-        self._unsent: Set[int] = set()
-        # Port keys of registrations start at 1: WAKEUP_KEY (0) is left for
-        # packets posted to wake select() (see Port.post).
-        self._next_port_key = itertools.count(WAKEUP_KEY + 1).__next__
+        self._handle = self._port._handle
+        self._at_once = self._port.changes_at_once
+        # fd -> _Record: the one record per registration.
+        self._records: Dict[int, _Record] = {}
+        # slot -> SelectorKey (None when free): the hot path's index from
+        # the port's answer to the key. Slot 0 is never handed out.
+        self._keys: List[Optional[SelectorKey]] = [None]
+        self._free: List[int] = []
+        # Changes for the next select() (completion-port backends only).
+        self._pending: List[Change] = []
+        self._unsent: Dict[int, int] = {}   # slot -> fd, first ENABLE still pending
         self._map: Optional[_SelectorMapping] = _SelectorMapping(self)
         #: Keys (OVERLAPPED addresses) of overlapped I/O completions that
         #: came out of the port (Windows handles associated with
         #: ``port.os_handle``); whoever started that I/O drains this list.
         self.io_completions: List[int] = []
+        self._room = 0
+        self._changes_room = 0
+        self._bind(256, 64)
+
+    # -- buffers -----------------------------------------------------------------
+
+    def _bind(self, room: int, changes_room: int) -> bool:
+        """Lend the port buffers for ``room`` ready registrations per select
+        and ``changes_room`` changes. False if a select is running in
+        another thread (the old buffers stay bound, and stay alive)."""
+        words = _WORDS_PER_PAIR * (room + changes_room)
+        out = ffi.new("uint64_t[]", words)
+        changes = ffi.new("sn_registration_t[]", changes_room)
+        err = lib.sn_port_bind(self._handle, changes, changes_room, out, words)
+        if err == _ERROR_BUSY:
+            return False
+        self._check(err)
+        # The port writes only into bound buffers: after the bind the old
+        # ones are ours to drop.
+        self._out_cdata, self._changes_cdata = out, changes
+        self._out = memoryview(ffi.buffer(out)).cast("Q")
+        self._changes_buffer = ffi.buffer(changes)
+        self._room, self._changes_room = room, changes_room
+        return True
+
+    def _check(self, err: int) -> None:
+        if err == _ERROR_CLOSED:
+            raise ValueError("I/O operation on a closed selector")
+        if err == _ERROR_BUSY:
+            raise RuntimeError("select() is already running in another thread")
+        if err:
+            raise _os_error(err, "select failed")
 
     # -- introspection ---------------------------------------------------------
 
@@ -168,89 +194,170 @@ class NotifySelector(selectors.BaseSelector):
         try:
             return _fileobj_to_fd(fileobj)
         except ValueError:
-            for key in self._fd_to_key.values():
-                if key.fileobj is fileobj:
-                    return key.fd
+            for record in self._records.values():
+                if record.key.fileobj is fileobj:
+                    return record.key.fd
             raise
 
     def get_map(self) -> Optional[Mapping]:
         """A read-only mapping of file objects to keys (None once closed)."""
         return self._map
 
-    # -- recording changes -------------------------------------------------------
+    def get_key(self, fileobj: Any) -> SelectorKey:
+        """The key of a registered file object: KeyError if it is not
+        registered, RuntimeError if the selector is closed."""
+        if self._map is None:
+            raise RuntimeError("Selector is closed")
+        try:
+            return self._records[self._fileobj_lookup(fileobj)].key
+        except KeyError:
+            raise KeyError(f"{fileobj!r} is not registered") from None
+
+    # -- changes -------------------------------------------------------------------
+
+    def _change(self, change: Change) -> None:
+        """Apply a change now (epoll) or queue it for the next select()."""
+        if self._at_once:
+            code = self._port._apply((change,))[0]
+            if code and change.op == OP_ENABLE:
+                raise _os_error(code)
+        else:
+            self._pending.append(change)
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
-        """Register ``fileobj`` for ``events``; applied at the next select().
+        """Register ``fileobj`` for ``events``.
 
-        Raises ValueError for invalid events or file object and KeyError if
-        it is already registered.
+        Raises ValueError for invalid events or file object, KeyError if it
+        is already registered, and OSError for a descriptor the port refuses
+        (on epoll, what ``epoll_ctl`` says: PermissionError for a regular
+        file; elsewhere, a descriptor that is not an open socket).
         """
         if not events or events & ~(EVENT_READ | EVENT_WRITE):
             raise ValueError(f"Invalid events: {events!r}")
         fd = self._fileobj_lookup(fileobj)
-        if fd in self._fd_to_key:
+        if fd in self._records:
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
         if self._map is None:
             # What EpollSelector raises: its epoll object is closed.
             raise ValueError("I/O operation on a closed selector")
+        if not self._at_once:
+            code = self._port._probe(fd)
+            if code:
+                raise _os_error(code)
         key = SelectorKey(fileobj, fd, events, data)
-        port_key = self._next_port_key()
-        enable = (fd, port_key, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-        self._fd_to_key[fd] = key
-        self._port_key_of_fd[fd] = port_key
-        self._by_port_key[port_key] = (key, enable)
-        self._changes[port_key] = enable
-        self._unsent.add(port_key)
+        slot = self._free[-1] if self._free else len(self._keys)
+        change = Change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
+        self._change(change)   # raises before anything is recorded
+        if slot == len(self._keys):
+            self._keys.append(key)
+        else:
+            self._free.pop()
+            self._keys[slot] = key
+        self._records[fd] = _Record(key, slot)
+        if not self._at_once:
+            self._unsent[slot] = fd
+        if len(self._records) > self._room:
+            self._bind(self._room * 2, self._changes_room)
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
         """Unregister ``fileobj``; KeyError if it is not registered.
 
-        Never fails for a socket closed meanwhile: its REMOVE, sent with the
-        next select(), may fail, and that failure is ignored.
+        Never fails for a socket closed meanwhile (as with the stdlib
+        selectors, the port's refusal to remove it is ignored).
         """
         try:
-            key = self._fd_to_key.pop(self._fileobj_lookup(fileobj))
+            key, slot = self._records.pop(self._fileobj_lookup(fileobj))
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
-        fd = key.fd
-        port_key = self._port_key_of_fd.pop(fd)
-        del self._by_port_key[port_key]
-        if port_key in self._unsent:
-            # The port never heard of it: nothing to remove.
-            self._unsent.discard(port_key)
-            del self._changes[port_key]
+        self._keys[slot] = None
+        self._free.append(slot)
+        if self._unsent.pop(slot, None) is not None:
+            # The port never heard of it: forget its queued changes.
+            self._pending = [c for c in self._pending if c.key != slot]
         else:
-            self._changes[port_key] = (fd, port_key, 0, OP_REMOVE, 0)
+            self._change(Change(key.fd, slot, 0, OP_REMOVE, 0))
         return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         """Change the events and/or data of a registered file object.
 
-        Only an events change costs a port operation (at the next select()).
+        Only an events change costs a port operation.
         """
         try:
             fd = self._fileobj_lookup(fileobj)
-            key = self._fd_to_key[fd]
+            key, slot = self._records[fd]
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
         if events != key.events:
             if not events or events & ~(EVENT_READ | EVENT_WRITE):
                 raise ValueError(f"Invalid events: {events!r}")
-            port_key = self._port_key_of_fd[fd]
+            try:
+                self._change(Change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE,
+                                    _ONESHOT_LEVEL))
+            except OSError:
+                # What EpollSelector does: a refused modify unregisters.
+                self.unregister(fileobj)
+                raise
             key = key._replace(events=events, data=data)
-            enable = (fd, port_key, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-            self._by_port_key[port_key] = (key, enable)
-            self._changes[port_key] = enable
-            self._fd_to_key[fd] = key
         elif data is not key.data:
-            port_key = self._port_key_of_fd[fd]
             key = key._replace(data=data)
-            self._by_port_key[port_key] = (key, self._by_port_key[port_key][1])
-            self._fd_to_key[fd] = key
+        else:
+            return key
+        self._records[fd] = _Record(key, slot)
+        self._keys[slot] = key
         return key
 
+    def _pack(self) -> int:
+        """Move the queued changes into the bound buffer; returns how many."""
+        pending = self._pending
+        count = len(pending)
+        if count > self._changes_room:
+            room = self._changes_room
+            while room < count:
+                room *= 2
+            if not self._bind(self._room, room):
+                raise RuntimeError("select() is already running in another thread")
+        buffer = self._changes_buffer
+        pack_into = _REGISTRATION.pack_into
+        size = _REGISTRATION.size
+        for offset, change in zip(range(0, count * size, size), pending):
+            pack_into(buffer, offset, *change, 0)
+        pending.clear()
+        self._unsent.clear()
+        return count
+
     # -- the one call ---------------------------------------------------------------
+
+    def _io_completed(self, got: int) -> int:
+        """Move the I/O completion keys of a select's answer to
+        :attr:`io_completions`; returns the number of pairs."""
+        pairs = got & _PAIRS
+        start = _WORDS_PER_PAIR * pairs
+        self.io_completions.extend(self._out[start:start + (got >> 32)].tolist())
+        return pairs
+
+    def _raise_for(self, got: int) -> None:
+        """The exception for a negative sn_port_select() answer; nothing for
+        an interrupted wait (the signal handler runs when Python resumes)."""
+        if -got != _ERROR_INTERRUPTED:
+            self._check(-got)
+
+    def _wait(self, wait_ms: int) -> int:
+        """Apply queued changes and re-arms, wait, and return how many
+        (slot, mask) pairs are at the front of ``self._out``. I/O
+        completions go to :attr:`io_completions`; a wait interrupted by a
+        signal before anything arrived returns -1 (the signal's Python
+        handler runs as soon as Python resumes)."""
+        count = self._pack() if self._pending else 0
+        got = lib.sn_port_select(self._handle, count, wait_ms)
+        if got > _PAIRS:
+            return self._io_completed(got)
+        if got < 0:
+            if -got == _ERROR_INTERRUPTED:
+                return -1
+            self._check(-got)
+        return got
 
     def select(self, timeout: Optional[float] = None) -> List[Tuple[SelectorKey, int]]:
         """Apply the recorded changes and re-arms, wait, return ready keys.
@@ -259,132 +366,46 @@ class NotifySelector(selectors.BaseSelector):
         seconds is rounded up to whole milliseconds. Returns a list of
         ``(key, events)`` with ``events`` a subset of ``key.events``.
         """
-        fd_to_key = self._fd_to_key
-        deadline = None
-        if timeout is not None:
-            if timeout <= 0:
-                timeout = 0
-            else:
-                deadline = _monotonic() + timeout
-        changes = self._changes
-        by_port_key = self._by_port_key
-        mask_of = _MASK_OF_EVENTS
+        wait_ms = timeout_ms(timeout)
+        deadline = _monotonic() + timeout if wait_ms > 0 else None  # type: ignore[operator]
+        got = self._wait(wait_ms)
+        if got < 0:
+            got = self._wait_again(wait_ms, deadline)
+        if not got:
+            return []
+        values = self._out[:got * _WORDS_PER_PAIR].tolist()
+        keys = self._keys
+        return [(keys[slot], mask) for slot, mask in zip(values[::2], values[1::2])
+                if keys[slot] is not None]
+
+    def _wait_again(self, wait_ms: int, deadline: Optional[float]) -> int:
+        """A signal cut the wait short and its Python handler did not raise:
+        wait for the time left, as the stdlib selectors do (PEP 475)."""
+        if wait_ms == 0:
+            return 0
         while True:
-            if changes:
-                batch = list(changes.values())
-                changes.clear()
-                if self._unsent:
-                    self._unsent.clear()
-            else:
-                batch = _NO_CHANGES
-            # Room for one notification per registration, plus the REMOVE
-            # events this batch causes and a posted packet: a short buffer
-            # would leave readiness for the next call, delaying it.
-            max_events = len(fd_to_key) + len(batch) + 1
-            try:
-                # rearm=True: the port re-enables, in this same call, every
-                # one-shot registration it delivered last time (the re-arms
-                # of the reported keys), before applying the batch.
-                notifications, failures = self._port.process_batch(
-                    batch, timeout, max_events, rearm=True)
-                ready = []
-                woken = False
-                for port_key, events in notifications:
-                    if events & EVENT_IO:
-                        # An overlapped I/O completion, kept for its owner.
-                        # Tested before the key lookup: its key is an
-                        # OVERLAPPED address, which may equal a port key.
-                        self.io_completions.append(port_key)
-                        woken = True
-                        continue
-                    entry = by_port_key.get(port_key)
-                    if entry is None:
-                        # Unregistered since, or a REMOVE: dropped. A packet
-                        # posted to the port (events 0) is a wake-up:
-                        # select() returns, even with nothing to report.
-                        if not events:
-                            woken = True
-                        continue
-                    # Delivered means disarmed: the port re-arms it in the
-                    # next select() (rearm=True above).
-                    key = entry[0]
-                    mask = mask_of[events] & key.events
-                    if mask:
-                        ready.append((key, mask))
-                if failures:
-                    self._report_failures(batch, failures, ready)
-            except BaseException:
-                self._recover_from_interruption(batch)
-                raise
-            if ready or woken or timeout == 0:
-                return ready
-            # Nothing to report before the deadline: either a signal
-            # interrupted the wait (the core returns early on EINTR; the
-            # Python handler has run by now and did not raise) or every
-            # notification was a REMOVE or for a key unregistered meanwhile.
-            # Wait for the time left, as the stdlib selectors do (PEP 475).
             if deadline is not None:
-                timeout = deadline - _monotonic()
-                if timeout <= 0:
-                    return ready
-
-    def _recover_from_interruption(self, batch) -> None:
-        """select() is leaving by an exception: the wait failed, the port
-        was closed, or (most likely) a signal handler raised, e.g.
-        KeyboardInterrupt, which Python runs at whatever bytecode follows the
-        wait. Notifications already dequeued may be lost with it, leaving
-        their registrations disarmed forever (the self-pipe among them, so
-        the loop could never be woken again). Re-arm every registration in
-        the next select(), and resend this batch, whose results are unknown:
-        enabling an armed registration again, or removing a removed one
-        (its failure is ignored), is harmless."""
-        # The batch first, in its order (a REMOVE before the ENABLE of a new
-        # registration on the same fd), then the rest of the live ones.
-        pending = {change[1]: change for change in batch}
-        for port_key, (_key, enable) in self._by_port_key.items():
-            pending[port_key] = enable
-        self._changes.clear()
-        self._changes.update(pending)
-
-    def _report_failures(self, batch: list, failures: List[Tuple[int, int]],
-                         ready: List[Tuple[SelectorKey, int]]) -> None:
-        """A failed ENABLE is reported as ready for the key's events and
-        retried next time (level-triggered, like EPOLLERR). A failed REMOVE
-        means the socket was already closed: nothing left to undo."""
-        for index, _code in failures:
-            change = batch[index]
-            if change[3] != OP_ENABLE:
-                continue
-            entry = self._by_port_key.get(change[1])
-            if entry is None:
-                continue
-            key, enable = entry
-            self._changes[change[1]] = enable
-            ready.append((key, key.events))
+                left = deadline - _monotonic()
+                if left <= 0:
+                    return 0
+                wait_ms = timeout_ms(left)
+            got = self._wait(wait_ms)
+            if got >= 0:
+                return got
 
     # -- life cycle ----------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the port and forget every registration. Idempotent."""
-        self._fd_to_key.clear()
-        self._port_key_of_fd.clear()
-        self._by_port_key.clear()
-        self._changes.clear()
+        self._records.clear()
+        self._keys = [None]
+        self._free.clear()
+        self._pending.clear()
         self._unsent.clear()
         self._map = None
         self._port.close()
 
-    def get_key(self, fileobj: Any) -> SelectorKey:
-        """The key of a registered file object: KeyError if it is not
-        registered, RuntimeError if the selector is closed."""
-        mapping = self.get_map()
-        if mapping is None:
-            raise RuntimeError("Selector is closed")
-        try:
-            return mapping[fileobj]
-        except KeyError:
-            raise KeyError(f"{fileobj!r} is not registered") from None
-
     def __repr__(self) -> str:
-        state = "closed" if self._map is None else f"{len(self._fd_to_key)} registered"
+        state = "closed" if self._map is None else f"{len(self._records)} registered"
         return f"<{type(self).__name__} backend={self._port.backend} {state}>"
+

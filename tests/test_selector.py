@@ -1,10 +1,13 @@
-"""NotifySelector: the stdlib selectors contract, on a deferred one-shot port.
+"""NotifySelector: the stdlib selectors contract, on a one-shot port.
 
 What these tests pin down, beyond CPython's own test_selectors (bound in
-tests/conformance): changes are only recorded until select(), which sends
-them and the re-arms of last time's reports in ONE port call; each
-registration gets its own port key so stale notifications are dropped; a
-registration that fails at flush time is reported, not raised.
+tests/conformance): on the completion-port backends changes are only
+recorded until select(), which sends them and the re-arms of last time's
+reports in ONE port call; on epoll they are applied at once, as
+EpollSelector applies them; stale notifications of a removed registration
+never reach the next owner of its slot; a registration that fails at select
+time is reported once, never raised and never left blocking the wait.
+The kernel-call counters of the port (Port.counters) are the witness.
 """
 from __future__ import annotations
 
@@ -26,24 +29,15 @@ from socknotify_loop.selector import NotifySelector
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
-class BatchSpy:
-    """Wraps the selector's port.process_batch and records every call."""
+def waits(selector: NotifySelector) -> int:
+    """How many times the port has called its wait (epoll_wait, or the
+    ProcessSocketNotifications function) so far."""
+    return selector.port.counters()["waits"]
 
-    def __init__(self, selector: NotifySelector) -> None:
-        self.calls = []
-        self.rearm_flags = []
-        self.inject = []   # extra notifications to append to the next answer
-        self._real = selector.port.process_batch
-        selector.port.process_batch = self  # instance attribute shadows the method
 
-    def __call__(self, changes, timeout, max_events, rearm=False):
-        self.calls.append((list(changes), timeout))
-        self.rearm_flags.append(rearm)
-        notifications, failures = self._real(changes, timeout, max_events, rearm)
-        if self.inject:
-            notifications = list(notifications) + self.inject
-            self.inject = []
-        return notifications, failures
+def deferred(selector: NotifySelector) -> bool:
+    """Whether this backend carries changes to the next select()."""
+    return not selector.port.changes_at_once
 
 
 @pytest.fixture
@@ -135,33 +129,28 @@ def test_unregister_closed_socket_object_does_not_raise(selector, pair):
 
 # -- deferral and the one batched call -------------------------------------------------
 
-def test_changes_are_deferred_to_select(selector, pair):
+def test_changes_wait_for_select_or_apply_at_once(selector, pair):
     selector.register(pair[1], WRITE)
-    assert selector.port.registered == 0
+    # Completion ports: recorded only; epoll: applied, as EpollSelector does.
+    assert selector.port.registered == (0 if deferred(selector) else 1)
     selector.select(0)
     assert selector.port.registered == 1
 
 
 def test_one_port_call_per_select_carries_changes_and_rearms(selector, pair):
-    spy = BatchSpy(selector)
     a, b = pair
     selector.register(a, READ)
     selector.register(b, WRITE)
+    before = waits(selector)
     assert ready_fds(selector.select(0)) == {(b.fileno(), WRITE)}
-    assert len(spy.calls) == 1
-    changes, timeout = spy.calls[0]
-    assert [c[3] for c in changes] == [OP_ENABLE, OP_ENABLE] and timeout == 0
-
-    # Only b was reported: the next call asks the port to re-arm what it
-    # delivered (b), in the same call, and hands no change of its own.
+    assert waits(selector) == before + 1
+    # Only b was reported: the next call re-arms it inside the same wait.
     assert ready_fds(selector.select(0)) == {(b.fileno(), WRITE)}
-    changes, _ = spy.calls[1]
-    assert changes == [] and spy.rearm_flags == [True, True]
-    assert len(spy.calls) == 2
+    assert waits(selector) == before + 2
     # a was never reported, so it stays armed and is reported once readable.
     b.send(b"x")
     assert ready_fds(selector.select(1)) == {(a.fileno(), READ), (b.fileno(), WRITE)}
-    assert len(spy.calls) == 3
+    assert waits(selector) == before + 3
 
 
 def test_level_semantics_through_rearm(selector, pair):
@@ -175,22 +164,22 @@ def test_level_semantics_through_rearm(selector, pair):
     assert selector.select(0) == []
 
 
-def test_register_then_unregister_before_select_sends_nothing(selector, pair):
-    spy = BatchSpy(selector)
+def test_register_then_unregister_before_select_leaves_nothing(selector, pair):
     selector.register(pair[0], READ)
     selector.unregister(pair[0])
-    selector.select(0)
-    assert spy.calls[0][0] == []
+    pair[1].send(b"x")
+    assert selector.select(0) == []
+    assert selector.port.registered == 0
 
 
-def test_data_only_modify_sends_nothing(selector, pair):
-    spy = BatchSpy(selector)
+def test_data_only_modify_costs_no_kernel_call(selector, pair):
     selector.register(pair[0], READ, "old")
     selector.select(0)
+    changes = selector.port.counters()["changes"]
     key = selector.modify(pair[0], READ, "new")
     assert key.data == "new" and selector.get_key(pair[0]).data == "new"
     selector.select(0)
-    assert spy.calls[1][0] == []
+    assert selector.port.counters()["changes"] == changes
 
 
 def test_modify_changes_interest(selector, pair):
@@ -205,41 +194,38 @@ def test_modify_changes_interest(selector, pair):
     assert selector.select(0) == []
 
 
-def test_reregister_same_fd_sends_remove_then_enable_with_new_key(selector, pair):
-    spy = BatchSpy(selector)
+def test_reregister_same_fd_in_one_iteration(selector, pair):
+    """unregister + register of one descriptor before the next select: the
+    new registration gets the new interest, the old one's readiness is gone."""
     a, b = pair
-    selector.register(b, READ)
-    selector.select(0)
-    selector.unregister(b)
-    selector.register(b, WRITE)
-    assert ready_fds(selector.select(0)) == {(b.fileno(), WRITE)}
-    changes = spy.calls[1][0]
-    assert [c[3] for c in changes] == [OP_REMOVE, OP_ENABLE]
-    assert changes[0][0] == changes[1][0] == b.fileno()
-    assert changes[0][1] != changes[1][1], "a new registration needs a new port key"
-
-
-def test_stale_notification_for_old_key_is_dropped(selector):
-    a, b = socket.socketpair()
-    selector.register(a, READ)
-    spy = BatchSpy(selector)
-    selector.select(0)
-    old_key = spy.calls[0][0][0][1]
+    b.send(b"x")   # b's peer a is readable; b itself is writable
+    selector.register(a, READ, "old")
+    assert ready_fds(selector.select(0)) == {(a.fileno(), READ)}
     selector.unregister(a)
-    a.close()
-    b.close()
-    c, d = socket.socketpair()   # very likely reuses a's descriptor
+    selector.register(a, WRITE, "new")
+    assert [(k.data, m) for k, m in selector.select(0)] == [("new", WRITE)]
+
+
+def test_stale_readiness_never_reaches_the_next_owner_of_a_slot(selector):
+    """A registration's slot is reused at once; whatever the port still had
+    for the removed registration must not be reported for the new one."""
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
     try:
-        selector.register(c, READ)
-        # The notification the port would have had queued for the old
-        # registration (what a closed socket's packet looks like).
-        spy.inject = [(old_key, EVENT_IN), (old_key, EVENT_ERR)]
-        assert selector.select(0) == []
-        d.send(b"!")
-        assert ready_fds(selector.select(1)) == {(c.fileno(), READ)}
+        selector.register(a, READ, "old")
+        b.send(b"x")                       # a readable, and reported
+        assert len(selector.select(0)) == 1
+        # Reported, so its re-arm is due at the next select; instead it
+        # goes away, and the slot goes to c, which is not readable.
+        selector.unregister(a)
+        selector.register(c, READ, "new")
+        for _ in range(3):
+            assert selector.select(0) == []
+        d.send(b"y")
+        assert [(k.data, m) for k, m in selector.select(1)] == [("new", READ)]
     finally:
-        c.close()
-        d.close()
+        for s_ in (a, b, c, d):
+            s_.close()
 
 
 def test_callback_unregisters_and_closes_other_socket(selector):
@@ -281,18 +267,41 @@ def test_callback_unregisters_and_closes_other_socket(selector):
 
 # -- failures at flush time ------------------------------------------------------------
 
-def test_registering_a_socket_closed_before_select_reports_it(selector):
+def test_registering_a_socket_closed_before_select(selector):
+    """epoll applied the registration at register(), and closing the
+    socket removed it (EpollSelector reports nothing either); the
+    completion-port backends meet the closed socket at the next select,
+    report it once as ready, without blocking, and never again."""
     a, b = socket.socketpair()
     fd = a.fileno()
     key = selector.register(fd, READ | WRITE)
     a.close()
     b.close()
-    result = selector.select(0)   # must not raise
-    assert result == [(key, READ | WRITE)]
-    # Still registered, so still reported (like EPOLLERR) until unregistered.
-    assert selector.select(0) == [(key, READ | WRITE)]
+    start = time.monotonic()
+    result = selector.select(None if deferred(selector) else 0)
+    assert time.monotonic() - start < 1.0
+    assert result == ([(key, READ | WRITE)] if deferred(selector) else [])
+    assert selector.select(0) == []
     selector.unregister(fd)
     assert selector.select(0) == []
+
+
+def test_register_refused_raises_like_epoll_selector(selector, tmp_path):
+    """A descriptor the port cannot watch is refused at register(), where
+    selectors.EpollSelector refuses it (Windows: not a socket)."""
+    path = tmp_path / "regular"
+    path.write_bytes(b"data")
+    with open(path, "rb") as f:
+        expected = PermissionError if not deferred(selector) else OSError
+        with pytest.raises(expected):
+            selector.register(f, READ)
+        assert f.fileno() not in selector.get_map()
+    a, b = socket.socketpair()
+    try:
+        selector.register(a, READ)   # the refusal left no trace
+    finally:
+        a.close()
+        b.close()
 
 
 # -- events mapping --------------------------------------------------------------------
@@ -305,16 +314,23 @@ def test_peer_close_wakes_reader(selector, pair):
     assert a.recv(1) == b""
 
 
-def test_err_and_hangup_map_to_both_directions_masked_by_key(selector, pair):
-    a, b = pair
-    spy = BatchSpy(selector)
-    ka = selector.register(a, READ)
-    kb = selector.register(b, WRITE)
-    selector.select(0)   # b reported writable
-    keys = {change[0]: change[1] for change in spy.calls[0][0]}
-    spy.inject = [(keys[a.fileno()], EVENT_ERR), (keys[b.fileno()], EVENT_HANGUP)]
-    result = selector.select(0)
-    assert (ka, READ) in result and (kb, WRITE) in result
+def test_half_close_wakes_the_reader_not_the_blocked_writer(selector):
+    """The peer shut its sending side: the read side is at EOF (READ), but
+    a full send buffer is still full (no WRITE), as EpollSelector says."""
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        try:
+            while True:
+                a.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        b.shutdown(socket.SHUT_WR)
+        key = selector.register(a, READ | WRITE)
+        assert selector.select(1) == [(key, READ)]
+    finally:
+        a.close()
+        b.close()
 
 
 def test_failed_connect_is_reported_to_a_writer(selector):
@@ -431,30 +447,39 @@ def test_backend_property(selector):
         assert selector.backend == "epoll"
 
 
-def test_exception_during_select_rearms_everything(selector):
+def test_an_answer_lost_to_an_exception_is_reported_again(selector):
     """A KeyboardInterrupt raised by a signal handler right after the wait
-    loses the notifications of that call: every registration must be armed
-    again by the next select(), or it would never be reported again."""
+    loses that call's answer: the registrations it delivered were noted for
+    re-arming inside the core, so the next select() reports them again."""
+    from socknotify_loop.port import lib
     pairs = [socket.socketpair() for _ in range(3)]
     try:
         for reader, writer in pairs:
             selector.register(reader, READ)
             writer.send(b"x")
-        real = selector.port.process_batch
-
-        def dequeue_then_interrupt(changes, timeout, max_events, rearm=False):
-            real(changes, timeout, max_events, rearm)   # dequeues (disarms) them all
-            raise KeyboardInterrupt
-
-        selector.port.process_batch = dequeue_then_interrupt
-        with pytest.raises(KeyboardInterrupt):
-            selector.select(1)
-        del selector.port.process_batch
+        selector.select(0)   # applies everything (and reports it)
+        # A wait whose answer nobody reads, as when an exception cuts in.
+        assert lib.sn_port_select(selector._handle, 0, 1000) == 3
         assert ready_fds(selector.select(1)) == {(r.fileno(), READ) for r, _ in pairs}
     finally:
         for reader, writer in pairs:
             reader.close()
             writer.close()
+
+
+def test_concurrent_select_is_refused(selector, pair):
+    """The port's answer buffer serves one select at a time."""
+    selector.register(pair[0], READ)
+    waiter = threading.Thread(target=selector.select, args=(2,))
+    waiter.start()
+    time.sleep(0.2)
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            selector.select(0)
+    finally:
+        pair[1].send(b"x")
+        waiter.join(5)
+    assert not waiter.is_alive()
 
 
 def test_posted_packet_wakes_a_blocked_select(selector, pair):
@@ -468,16 +493,3 @@ def test_posted_packet_wakes_a_blocked_select(selector, pair):
     selector.port.post(WAKEUP_KEY)
     waiter.join(5)
     assert not waiter.is_alive() and results == [[]]
-
-
-def test_io_completion_is_kept_not_dropped(selector, pair):
-    from socknotify_loop.port import EVENT_IO
-    selector.register(pair[0], READ)
-    answers = [([(0x7FFF12340000, EVENT_IO)], [])]
-
-    def one_completion(changes, timeout, max_events, rearm=False):
-        return answers.pop()   # a second wait would raise IndexError
-
-    selector.port.process_batch = one_completion
-    assert selector.select(None) == []   # returns: something came
-    assert selector.io_completions == [0x7FFF12340000]

@@ -76,8 +76,8 @@
  *     cost one poll per socket, and keeps a persistent level registration
  *     on a socket nobody drains from spinning inside one call.
  *
- * Sources read: the Winsock socket-state-notifications article and its C
- * samples (the seeds: the contract reproduced here); wepoll's afd.c,
+ * Sources read: Microsoft's article "Winsock socket state notifications"
+ * and its C samples (the contract reproduced here); wepoll's afd.c,
  * sock.c, poll_group.c and ws.c (the poll/cancel state machine, base
  * socket lookup, helper groups of 32); mio's src/sys/windows/afd.rs and
  * selector.rs (kernel-owned memory discipline, LOCAL_CLOSE handling);
@@ -287,7 +287,13 @@ struct afd_port {
     afd_group_t *groups_head, *groups_tail;
     afd_sock_t *update_head, *update_tail;  /* states whose poll may need work */
     afd_port_t *registry_next;
+    /* Kernel calls made for this port (SN_COUNT_AFD_*), for the port's
+       sn_port_counters(): how many system calls one ProcessSocket-
+       Notifications call costs when it is rebuilt on AFD. */
+    volatile uint64_t counters[SN_COUNTERS];
 };
+
+#define AFD_COUNT(ap, what) sn_atomic_add64(&(ap)->counters[what], 1)
 
 /* The registry: port HANDLE -> polyfill state. Few ports exist in a
    process, so a list under one lock is plenty. */
@@ -575,12 +581,13 @@ static void afd__sock_free(afd_port_t *ap, afd_sock_t *sock) {
     free(sock);
 }
 
-static void afd__sock_cancel(afd_sock_t *sock) {
+static void afd__sock_cancel(afd_port_t *ap, afd_sock_t *sock) {
     afd_iosb_t cancel_iosb;
     /* Whatever NtCancelIoFileEx says -- cancelled, or STATUS_NOT_FOUND
        because the poll already completed and its packet is queued -- the
        completion is still ahead of us, and the kernel owns iosb and
        poll_info until it arrives. */
+    AFD_COUNT(ap, SN_COUNT_AFD_CANCELS);
     afd__NtCancelIoFileEx(sock->group->helper, &sock->iosb, &cancel_iosb);
     sock->poll_status = AFD_POLL_CANCELLED;
 }
@@ -599,7 +606,7 @@ static void afd__sock_detach(afd_port_t *ap, afd_sock_t *sock, uint8_t fate) {
         break;
     case AFD_POLL_PENDING:
         /* In flight: ask for it back; afd__sock_feed finishes the job. */
-        afd__sock_cancel(sock);
+        afd__sock_cancel(ap, sock);
         break;
     case AFD_POLL_CANCELLED:
         /* Already asked for back: afd__sock_feed finishes the job. */
@@ -619,6 +626,7 @@ static DWORD afd__sock_submit(afd_port_t *ap, afd_sock_t *sock, ULONG events) {
     sock->iosb.u.Status = AFD_STATUS_PENDING;
     /* From here until the completion is dequeued the kernel owns iosb and
        poll_info (input and output buffer are the same memory). */
+    AFD_COUNT(ap, SN_COUNT_AFD_POLLS);
     status = afd__NtDeviceIoControlFile(sock->group->helper, NULL, NULL,
                                         &sock->iosb, &sock->iosb, IOCTL_AFD_POLL,
                                         &sock->poll_info, sizeof sock->poll_info,
@@ -660,6 +668,7 @@ static void afd__sock_update(afd_port_t *ap, afd_sock_t *sock) {
            rather than fail somebody else's wait, and disarm so that the
            next ENABLE retries. */
         sock->armed = 0;
+        AFD_COUNT(ap, SN_COUNT_AFD_POSTS);
         PostQueuedCompletionStatus(ap->iocp, SOCK_NOTIFY_EVENT_ERR, sock->key, NULL);
         return;
     case AFD_POLL_PENDING:
@@ -669,7 +678,7 @@ static void afd__sock_update(afd_port_t *ap, afd_sock_t *sock) {
            back through afd__sock_feed, which queues us again. */
         if ((wanted & ~sock->poll_events) == 0 && sock->poll_base == sock->base)
             return;
-        afd__sock_cancel(sock);
+        afd__sock_cancel(ap, sock);
         return;
     case AFD_POLL_CANCELLED:
         /* Waiting for the cancelled poll to come back. */
@@ -815,7 +824,7 @@ static DWORD afd__enable(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
         sock->key = (ULONG_PTR)reg->completionKey;
     }
     sock->filter = reg->eventFilter;
-    /* Neither ONESHOT nor PERSISTENT (the seeds' first scenario) means
+    /* Neither ONESHOT nor PERSISTENT (the first scenario of Microsoft's article) means
        persistent. */
     sock->oneshot = (reg->triggerFlags & SOCK_NOTIFY_TRIGGER_ONESHOT) != 0;
     sock->armed = 1;
@@ -851,6 +860,7 @@ static DWORD afd__remove(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
         /* Nothing in flight: the REMOVE can be queued now, as a packet on
            the port, so it reaches whichever thread dequeues next, after
            anything already queued for this key. */
+        AFD_COUNT(ap, SN_COUNT_AFD_POSTS);
         if (!PostQueuedCompletionStatus(ap->iocp, SOCK_NOTIFY_EVENT_REMOVE,
                                         sock->key, NULL))
             return GetLastError();   /* still registered, as PSN promises */
@@ -924,6 +934,7 @@ static void afd__drain(afd_port_t *ap, DWORD ms) {
         ULONG got = 0, i;
         if (now >= deadline)
             return;
+        AFD_COUNT(ap, SN_COUNT_AFD_DEQUEUES);
         if (!GetQueuedCompletionStatusEx(ap->iocp, entries, 64, &got,
                                          (DWORD)(deadline - now), FALSE))
             return;
@@ -974,6 +985,20 @@ void sn_afd_port_closed(HANDLE iocp) {
     }
     free(ap->buckets);
     free(ap);
+}
+
+void sn_afd_counters(HANDLE iocp, uint64_t *counters) {
+    afd_port_t *ap;
+    int i;
+    AcquireSRWLockExclusive(&afd__registry_lock);
+    for (ap = afd__registry; ap != NULL; ap = ap->registry_next) {
+        if (ap->iocp == iocp) {
+            for (i = SN_COUNT_AFD_POLLS; i <= SN_COUNT_AFD_POSTS; i++)
+                counters[i] += ap->counters[i];
+            break;
+        }
+    }
+    ReleaseSRWLockExclusive(&afd__registry_lock);
 }
 
 DWORD sn_afd_statistics(HANDLE iocp, UINT32 *registered, UINT32 *polls_in_flight) {
@@ -1028,8 +1053,15 @@ DWORD WINAPI sn_afd_process_socket_notifications(
         return error;
 
     AcquireSRWLockExclusive(&ap->lock);
-    for (i = 0; i < registrationCount; i++)
+    for (i = 0; i < registrationCount; i++) {
         registrationInfos[i].registrationResult = afd__apply(ap, &registrationInfos[i]);
+        /* Unlike PSN, which applies and waits in one kernel transition, we
+           know of a refusal before waiting: the caller hears of it now
+           instead of whenever another event ends the wait. */
+        if (registrationInfos[i].registrationResult != 0)
+            timeoutMs = 0;
+    }
+    wait_ms = timeoutMs;
     if (completionCount == 0) {
         /* Register-only call: the polls go out now, since no wait follows. */
         afd__flush(ap);
@@ -1051,6 +1083,7 @@ DWORD WINAPI sn_afd_process_socket_notifications(
         ReleaseSRWLockExclusive(&ap->lock);
 
         /* No lock held here: other threads register and wait meanwhile. */
+        AFD_COUNT(ap, SN_COUNT_AFD_DEQUEUES);
         if (!GetQueuedCompletionStatusEx(completionPort, completionPortEntries,
                                          completionCount, &got, wait_ms, FALSE)) {
             error = GetLastError();

@@ -23,13 +23,26 @@
  *   - The kernel removes an item by itself when the last fd referring to the
  *     file description is closed, queued readiness included. A closed and
  *     reused fd number is therefore new to epoll: MOD says ENOENT, we ADD.
- *     (A dup() of a registered fd keeps the old item alive; do not register
- *     dup'd descriptors on one port.)
+ *     But while a dup() of the fd lives (in this process or a forked
+ *     child), the item outlives the close and can no longer be deleted by
+ *     number. Such an orphan must not fire forever: that is why one-shot
+ *     registrations stay EPOLLONESHOT in the kernel (an orphan fires once
+ *     and is dropped as stale), why re-arms cost an EPOLL_CTL_MOD each,
+ *     and why a selector applies its unregister at once, while the fd is
+ *     still open.
+ *   - epoll says EPOLLRDHUP when the peer shut its sending side down and
+ *     EPOLLHUP when both directions are gone. The first is a hang-up of the
+ *     read side only (a read meets EOF; a write may still block on a full
+ *     buffer); the second makes both reads and writes return at once. So
+ *     EPOLLRDHUP is HANGUP, and EPOLLHUP is HANGUP with IN and OUT: the
+ *     selector masks then come out exactly as selectors.EpollSelector's.
  *   - REMOVE and posted packets must come out of the same wait as kernel
  *     events. They wait in a queue; an eventfd registered with a reserved
- *     key is readable exactly while the queue is not empty, so any thread
- *     blocked in epoll_wait wakes, and one that finds the queue already
- *     emptied by a sibling simply waits again.
+ *     key is readable while the queue is not empty, so any thread blocked
+ *     in epoll_wait wakes. A thread woken with the queue empty (a sibling
+ *     took it, or a forked child wrote the shared eventfd) drains the
+ *     eventfd, so nobody spins on it. Once the port is closing the eventfd
+ *     is never drained: being level-triggered it wakes every waiter.
  *
  * Sources read: epoll(7), epoll_ctl(2) (ERR/HUP always reported, ONESHOT
  * semantics), eventfd(2); the Winsock socket-state-notifications article for
@@ -49,9 +62,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-/* The eventfd's key: bit 63 set, so it can never equal a kernel key. */
-#define EPOLL_WAKE_KEY 0xFFFFFFFFFFFFFFFFull
-
 typedef struct epoll_port {
     int epfd;
     int wakefd;
@@ -62,8 +72,17 @@ typedef struct epoll_port {
     uint32_t queue_cap;         /* power of two, or 0 */
 } epoll_port_t;
 
-static int epoll__queue_push(epoll_port_t *ep, uint64_t key, uint32_t events,
+static void epoll__wake(sn_port_t *port, epoll_port_t *ep) {
+    uint64_t one = 1;
+    SN_COUNT(port, SN_COUNT_WAKES);
+    if (write(ep->wakefd, &one, sizeof one) < 0) {
+        /* EAGAIN: the counter is saturated, so it is readable already. */
+    }
+}
+
+static int epoll__queue_push(sn_port_t *port, uint64_t key, uint32_t events,
                              uint32_t posted) {
+    epoll_port_t *ep = port->impl;
     sn_kevent_t *slot;
     int err = 0;
 
@@ -87,40 +106,46 @@ static int epoll__queue_push(epoll_port_t *ep, uint64_t key, uint32_t events,
     slot->key = key;
     slot->events = events;
     slot->posted = posted;
-    __atomic_store_n(&ep->queue_len, ep->queue_len + 1, __ATOMIC_RELAXED);
-    if (ep->queue_len == 1) {
-        /* The queue just became non-empty: make the eventfd readable. */
-        uint64_t one = 1;
-        if (write(ep->wakefd, &one, sizeof one) < 0 && errno != EAGAIN) {
-            err = errno;
-            __atomic_store_n(&ep->queue_len, ep->queue_len - 1, __ATOMIC_RELAXED);
-        }
-    }
+    __atomic_store_n(&ep->queue_len, ep->queue_len + 1, __ATOMIC_RELEASE);
+    if (ep->queue_len == 1)
+        epoll__wake(port, ep);   /* just became non-empty: wake a waiter */
 out:
     sn_mutex_unlock(&ep->queue_lock);
     return err;
 }
 
-static uint32_t epoll__queue_take(epoll_port_t *ep, sn_kevent_t *out, uint32_t max) {
+/* Take up to max queued events. `woken`: the eventfd fired for this
+   caller, so if the queue is (now) empty the eventfd is drained -- unless
+   the port is closing, when it must stay readable for every waiter. */
+static uint32_t epoll__queue_take(sn_port_t *port, sn_kevent_t *out, uint32_t max,
+                                  int woken) {
+    epoll_port_t *ep = port->impl;
     uint32_t n = 0;
-    /* The common case, nothing queued, costs neither the lock nor a read:
-       a stale answer here only delays a packet to the wake-up it caused. */
-    if (__atomic_load_n(&ep->queue_len, __ATOMIC_RELAXED) == 0)
+    /* The common case, nothing queued and no wake-up, costs neither the
+       lock nor a read: a stale answer only delays a packet to the wake-up
+       it caused. */
+    if (!woken && __atomic_load_n(&ep->queue_len, __ATOMIC_ACQUIRE) == 0)
         return 0;
     sn_mutex_lock(&ep->queue_lock);
     while (n < max && ep->queue_len > 0) {
         out[n++] = ep->queue[ep->queue_head];
         ep->queue_head = (ep->queue_head + 1) & (ep->queue_cap - 1);
-        __atomic_store_n(&ep->queue_len, ep->queue_len - 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&ep->queue_len, ep->queue_len - 1, __ATOMIC_RELEASE);
     }
-    if (n > 0 && ep->queue_len == 0) {
-        /* Emptied by us: drain the eventfd so waiters stop waking. */
+    if ((n > 0 || woken) && ep->queue_len == 0 && !sn_atomic_load(&port->closing)) {
         uint64_t count;
-        ssize_t ignored = read(ep->wakefd, &count, sizeof count);
+        ssize_t ignored;
+        SN_COUNT(port, SN_COUNT_DRAINS);
+        ignored = read(ep->wakefd, &count, sizeof count);
         (void)ignored;
     }
     sn_mutex_unlock(&ep->queue_lock);
     return n;
+}
+
+static int epoll__available(const char **why) {
+    *why = "Linux: epoll with EPOLLONESHOT provides the contract natively";
+    return 1;
 }
 
 static int epoll__open(sn_port_t *port) {
@@ -138,7 +163,7 @@ static int epoll__open(sn_port_t *port) {
         goto err2;
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN;
-    ev.data.u64 = EPOLL_WAKE_KEY;
+    ev.data.u64 = SN_EPOLL_WAKE_KEY;
     if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, ep->wakefd, &ev) < 0)
         goto err3;
     sn_mutex_init(&ep->queue_lock);
@@ -180,14 +205,22 @@ static uint32_t epoll__events(uint32_t ready) {
         events |= SN_EVENT_IN;
     if (ready & EPOLLOUT)
         events |= SN_EVENT_OUT;
-    if (ready & (EPOLLRDHUP | EPOLLHUP))
+    if (ready & EPOLLRDHUP)
         events |= SN_EVENT_HANGUP;
+    if (ready & EPOLLHUP)
+        events |= SN_EVENT_HANGUP | SN_EVENT_IN | SN_EVENT_OUT;
     if (ready & EPOLLERR)
         events |= SN_EVENT_ERR;
     return events;
 }
 
-static uint32_t epoll__apply(epoll_port_t *ep, const sn_registration_t *reg) {
+static int epoll__ctl(sn_port_t *port, int op, int fd, struct epoll_event *ev) {
+    epoll_port_t *ep = port->impl;
+    SN_COUNT(port, SN_COUNT_CHANGES);
+    return epoll_ctl(ep->epfd, op, fd, ev);
+}
+
+static uint32_t epoll__apply(sn_port_t *port, const sn_registration_t *reg) {
     int fd = (int)reg->socket;
     struct epoll_event ev;
 
@@ -198,28 +231,28 @@ static uint32_t epoll__apply(epoll_port_t *ep, const sn_registration_t *reg) {
     case SN_OP_ENABLE:
         ev.events = epoll__interest(reg->events, reg->trigger);
         ev.data.u64 = reg->key;
-        if (epoll_ctl(ep->epfd, EPOLL_CTL_MOD, fd, &ev) == 0)
+        if (epoll__ctl(port, EPOLL_CTL_MOD, fd, &ev) == 0)
             return 0;
         if (errno != ENOENT)
             return (uint32_t)errno;
-        if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &ev) == 0)
+        if (epoll__ctl(port, EPOLL_CTL_ADD, fd, &ev) == 0)
             return 0;
         return (uint32_t)errno;
     case SN_OP_DISABLE:
         /* Deleting is the only way to silence EPOLLERR/EPOLLHUP too. An fd
            already disabled has no item: that is success, if it is open. */
-        if (epoll_ctl(ep->epfd, EPOLL_CTL_DEL, fd, &ev) == 0)
+        if (epoll__ctl(port, EPOLL_CTL_DEL, fd, &ev) == 0)
             return 0;
         if (errno == ENOENT && fcntl(fd, F_GETFD) >= 0)
             return 0;
         return (uint32_t)errno;
     case SN_OP_REMOVE:
-        if (epoll_ctl(ep->epfd, EPOLL_CTL_DEL, fd, &ev) != 0) {
+        if (epoll__ctl(port, EPOLL_CTL_DEL, fd, &ev) != 0) {
             /* ENOENT on an open fd: the registration was disabled. */
             if (!(errno == ENOENT && fcntl(fd, F_GETFD) >= 0))
                 return (uint32_t)errno;
         }
-        return (uint32_t)epoll__queue_push(ep, reg->key, SN_EVENT_REMOVE, 0);
+        return (uint32_t)epoll__queue_push(port, reg->key, SN_EVENT_REMOVE, 0);
     default:
         return 0;   /* SN_OP_NONE: a placeholder the port layer rejected */
     }
@@ -227,83 +260,86 @@ static uint32_t epoll__apply(epoll_port_t *ep, const sn_registration_t *reg) {
 
 static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
                           int64_t timeout_ms, sn_kevent_t *events,
-                          uint32_t max_events, uint32_t *received) {
+                          uint32_t max_events, uint32_t *received, uint32_t *dropped) {
     epoll_port_t *ep = port->impl;
-    struct epoll_event stack_ready[128];
-    struct epoll_event *ready = stack_ready;
-    uint32_t ready_cap = 128;
-    int64_t deadline = timeout_ms > 0 ? sn_now_ms() + timeout_ms : 0;
-    uint32_t i, n = 0;
+    /* One wait takes at most this many; more stay ready in the kernel
+       for the next wait (level and one-shot items alike). */
+    struct epoll_event ready[256];
+    uint32_t i, n = 0, ready_cap = 256;
+    int wait_ms, got, j, woken = 0, failed = 0;
     int err = 0;
 
-    for (i = 0; i < count; i++)
-        regs[i].result = epoll__apply(ep, &regs[i]);
-
+    *received = 0;
+    *dropped = 0;
+    for (i = 0; i < count; i++) {
+        if (regs[i].op == SN_OP_NONE)
+            continue;
+        regs[i].result = epoll__apply(port, &regs[i]);
+        failed |= regs[i].result != 0;
+    }
+    if (max_events == 0)
+        return 0;    /* registrations only */
     if (max_events < ready_cap)
         ready_cap = max_events;
-    else if (max_events > ready_cap) {
-        ready = malloc((size_t)max_events * sizeof *ready);
-        if (ready == NULL)
-            return ENOMEM;
-        ready_cap = max_events;
+
+    n = epoll__queue_take(port, events, ready_cap, 0);
+    if (n == ready_cap)
+        goto out;
+    /* A failed change is news for the caller now: poll, do not block. */
+    if (n > 0 || timeout_ms == 0 || failed)
+        wait_ms = 0;
+    else if (timeout_ms < 0)
+        wait_ms = -1;
+    else
+        wait_ms = timeout_ms > 0x7fffffff ? 0x7fffffff : (int)timeout_ms;
+    SN_COUNT(port, SN_COUNT_WAITS);
+    got = epoll_wait(ep->epfd, ready, (int)(ready_cap - n), wait_ms);
+    if (got < 0) {
+        /* EINTR: the caller hears of it (its signal handler runs next). */
+        err = errno;
+        goto out;
     }
-
-    for (;;) {
-        int wait_ms, got, j, woken = 0;
-
-        n = epoll__queue_take(ep, events, max_events);
-        if (n == max_events)
-            break;
-        if (n > 0 || timeout_ms == 0)
-            wait_ms = 0;
-        else if (timeout_ms < 0)
-            wait_ms = -1;
-        else {
-            int64_t left = deadline - sn_now_ms();
-            wait_ms = left <= 0 ? 0 : (left > 0x7fffffff ? 0x7fffffff : (int)left);
-        }
-        got = epoll_wait(ep->epfd, ready, (int)(ready_cap - n), wait_ms);
-        if (got < 0) {
-            /* EINTR: report what we have; the caller sees a short wait,
-               like select() returning [] on a signal. */
-            if (errno != EINTR)
-                err = errno;
-            break;
-        }
-        for (j = 0; j < got; j++) {
-            if (ready[j].data.u64 == EPOLL_WAKE_KEY) {
-                woken = 1;
-                continue;
-            }
-            events[n].key = ready[j].data.u64;
-            events[n].events = epoll__events(ready[j].events);
-            events[n].posted = 0;
-            n++;
-        }
-        if (woken && n < max_events)
-            n += epoll__queue_take(ep, events + n, max_events - n);
-        /* Woken only to find a sibling took the queue: wait again. */
-        if (n == 0 && woken && wait_ms != 0)
+    for (j = 0; j < got; j++) {
+        if (ready[j].data.u64 == SN_EPOLL_WAKE_KEY) {
+            woken = 1;
             continue;
-        break;
+        }
+        events[n].key = ready[j].data.u64;
+        events[n].events = epoll__events(ready[j].events);
+        events[n].posted = 0;
+        n++;
     }
-    if (ready != stack_ready)
-        free(ready);
+    if (woken) {
+        uint32_t taken = epoll__queue_take(port, events + n, ready_cap - n, 1);
+        n += taken;
+        if (taken == 0)
+            *dropped = 1;   /* a wake-up for nothing we can report */
+    }
+out:
     *received = n;
     return err;
 }
 
 static int epoll__post(sn_port_t *port, uint64_t key) {
-    return epoll__queue_push(port->impl, key, 0, 1);
+    return epoll__queue_push(port, key, 0, 1);
 }
 
-static void epoll__close(sn_port_t *port) {
+static void epoll__wake_all(sn_port_t *port) {
+    /* Level-triggered and, once closing, never drained: every thread in
+       epoll_wait on this instance wakes and sees the port closing. */
+    epoll__wake(port, port->impl);
+}
+
+static void epoll__close(sn_port_t *port, int inherited) {
     epoll_port_t *ep = port->impl;
     if (ep == NULL)
         return;
     close(ep->wakefd);
     close(ep->epfd);
-    sn_mutex_destroy(&ep->queue_lock);
+    /* In a forked child the queue lock may have been copied held by a
+       parent thread: leave it alone. */
+    if (!inherited)
+        sn_mutex_destroy(&ep->queue_lock);
     free(ep->queue);
     free(ep);
     port->impl = NULL;
@@ -313,13 +349,28 @@ static uint64_t epoll__os_handle(sn_port_t *port) {
     return (uint64_t)((epoll_port_t *)port->impl)->epfd;
 }
 
+static int epoll__check(sn_port_t *port, uint64_t socket) {
+    /* Changes are applied at once on epoll (SN_CAP_CHANGES_AT_ONCE), and
+       epoll_ctl's answer is the real check. */
+    (void)port;
+    (void)socket;
+    return 0;
+}
+
 const sn_backend_ops_t sn_epoll_ops = {
     "epoll",
+    SN_BACKEND_EPOLL,
+    SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE,
+    SN_CAP_CHANGES_AT_ONCE,
+    epoll__available,
     epoll__open,
     epoll__process,
     epoll__post,
+    epoll__wake_all,
     epoll__close,
     epoll__os_handle,
+    epoll__check,
+    NULL,
 };
 
 #endif /* __linux__ */

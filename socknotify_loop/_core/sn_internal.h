@@ -5,10 +5,13 @@
  * Division of labour:
  *   sn_port.c   owns the registration table: caller key <-> kernel key, the
  *               generation that makes stale notifications recognisable, the
- *               lock that lets several threads share one port, and the retry
- *               of a wait whose notifications were all stale.
+ *               lock that lets several threads share one port, the life
+ *               cycle (close, fork), and the retry of a wait whose packets
+ *               were all dropped ("wait again for the time left": here and
+ *               nowhere else in the port code).
  *   backend     applies registrations whose .key is already the KERNEL key,
- *               waits, and returns kernel events (sn_kevent_t). It behaves
+ *               waits once, and returns kernel events (sn_kevent_t) and how
+ *               many packets it dropped itself. It behaves
  *               exactly like ProcessSocketNotifications: a successful
  *               SN_OP_REMOVE produces one SN_EVENT_REMOVE event for that key,
  *               one-shot registrations disarm after one delivery, packets
@@ -20,54 +23,51 @@
 #include "socknotify.h"
 #include <stddef.h>
 
-#ifdef _WIN32
-#  ifndef WIN32_LEAN_AND_MEAN
-#    define WIN32_LEAN_AND_MEAN
-#  endif
-#  include <winsock2.h>
-#  include <windows.h>
-typedef SRWLOCK sn_mutex_t;
-#  define SN_ERROR_NOT_SUPPORTED   ERROR_NOT_SUPPORTED
-#  define SN_ERROR_NOT_REGISTERED  ERROR_NOT_FOUND
-#  define SN_ERROR_INVALID         ERROR_INVALID_PARAMETER
-#  define SN_ERROR_NO_MEMORY       ERROR_NOT_ENOUGH_MEMORY
-#else
-#  include <errno.h>
-#  include <pthread.h>
-typedef pthread_mutex_t sn_mutex_t;
-#  define SN_ERROR_NOT_SUPPORTED   ENOSYS
-#  define SN_ERROR_NOT_REGISTERED  ENOENT
-#  define SN_ERROR_INVALID         EINVAL
-#  define SN_ERROR_NO_MEMORY       ENOMEM
-#endif
-
-void sn_mutex_init(sn_mutex_t *m);
-void sn_mutex_lock(sn_mutex_t *m);
-void sn_mutex_unlock(sn_mutex_t *m);
-void sn_mutex_destroy(sn_mutex_t *m);
-
-/* Monotonic milliseconds, for recomputing the remaining timeout. */
-int64_t sn_now_ms(void);
+#include "sn_platform.h"
 
 /* One event as the backend returns it. */
 typedef struct sn_kevent {
     uint64_t key;      /* kernel key of a registration, or the posted key */
     uint32_t events;   /* SN_EVENT_* bits; 0 for a posted packet */
-    uint32_t posted;   /* 1 when the packet came from post() */
+    uint32_t posted;   /* 1 when the packet came from post(), or is an I/O
+                          completion (events == SN_EVENT_IO) */
 } sn_kevent_t;
 
+/* Everything that differs between backends, in one table. The port layer
+   never asks which backend it runs on: it reads this. */
 typedef struct sn_backend_ops {
-    const char *name;
+    const char *name;   /* "epoll", "psn", "afd" */
+    int id;             /* SN_BACKEND_* */
+    int triggers;       /* SN_TRIGGER_* flags honoured faithfully */
+    int caps;           /* SN_CAP_* */
+    /* 1 if the backend can be opened here; a sentence saying why. */
+    int (*available)(const char **why);
     /* Create the backend's state in port->impl. */
     int (*open)(sn_port_t *port);
-    /* Apply regs[i] (with kernel keys) in order, filling regs[i].result, then
-       wait up to timeout_ms for events. Called WITHOUT the table lock held. */
+    /* Apply regs[i] (with kernel keys) in order, filling regs[i].result,
+       then wait ONCE, up to timeout_ms, for events. *dropped counts what
+       the wait consumed and threw away itself (a wake-up already served
+       by a sibling, a packet with a reserved key): the port layer, which
+       owns "wait again for the time left", needs it to tell a wait that
+       ended for nothing from one that timed out. Called WITHOUT the
+       table lock held. */
     int (*process)(sn_port_t *port, sn_registration_t *regs, uint32_t count,
                    int64_t timeout_ms, sn_kevent_t *events, uint32_t max_events,
-                   uint32_t *received);
+                   uint32_t *received, uint32_t *dropped);
     int (*post)(sn_port_t *port, uint64_t key);
-    void (*close)(sn_port_t *port);
+    /* Make every thread waiting in process() return soon, and keep it so:
+       called repeatedly by close() until they have all left. */
+    void (*wake_all)(sn_port_t *port);
+    /* Release the OS resources. `inherited`: the port was opened by the
+       parent of this forked process; close this process's copies only,
+       touching no state shared with the parent. */
+    void (*close)(sn_port_t *port, int inherited);
     uint64_t (*os_handle)(sn_port_t *port);
+    /* A cheap check that a socket can be registered (see sn_port_check). */
+    int (*check)(sn_port_t *port, uint64_t socket);
+    /* Add counts kept outside the port struct (the polyfill's own kernel
+       calls) into out[SN_COUNTERS]; NULL when there are none. */
+    void (*add_counters)(sn_port_t *port, uint64_t *out);
 } sn_backend_ops_t;
 
 /* A registration record: one per registered socket. */
@@ -79,7 +79,6 @@ typedef struct sn_record {
     uint8_t  trigger;     /* the trigger flags of the last ENABLE */
     uint8_t  state;       /* SN_RECORD_* */
     uint8_t  delivered;   /* one-shot, delivered, waiting for a REARM call */
-    uint8_t  lazy;        /* one-shot kept by us, not the kernel (see sn_port.c) */
 } sn_record_t;
 
 enum {
@@ -90,8 +89,14 @@ enum {
 
 struct sn_port {
     const sn_backend_ops_t *ops;
-    int backend;
     void *impl;                 /* backend state */
+
+    /* Life cycle, read without the lock (see sn_port.c, "Closing"). */
+    volatile long users;        /* threads inside a call on this port */
+    volatile long closing;      /* set once by sn_port_close() */
+    volatile long closed;       /* OS resources released */
+    unsigned long fork_generation;  /* sn_fork_generation() at open */
+    volatile long selecting;    /* a thread is inside sn_port_select() */
 
     sn_mutex_t lock;            /* guards everything below */
     sn_record_t *records;       /* slot -> record */
@@ -110,18 +115,36 @@ struct sn_port {
     uint32_t rearm_count;
     uint32_t rearm_cap;
     int rearm_mode;
+
+    /* The selector's buffers (sn_port_bind), owned by the caller. */
+    sn_registration_t *bound_changes;
+    uint32_t bound_changes_cap;
+    uint64_t *bound_out;
+    uint32_t bound_out_cap;
+    sn_kevent_t *bound_events;  /* ours: the kernel events of a select */
+
+    /* Kernel calls made for this port (SN_COUNT_*). */
+    volatile uint64_t counters[SN_COUNTERS];
 };
+
+/* Count one kernel call of kind `what` (relaxed: statistics only). */
+#define SN_COUNT(port, what) sn_atomic_add64(&(port)->counters[what], 1)
 
 /* The kernel key of a slot: the generation in the high half, so a reused
    slot never produces a key that an old notification could carry. Bit 63 is
-   never set, which keeps the top of the key space free for posted packets,
-   and generations start at 1, so no kernel key is 0: key 0 belongs to the
-   packets RegisterWaitWithQueue posts (see sn_iocp.c). */
+   never set, which keeps the top of the key space free for the reserved
+   keys (sn_keys.h), and generations start at 1, so no kernel key is 0:
+   key 0 belongs to the packets RegisterWaitWithQueue posts (see sn_iocp.c). */
 #define SN_KERNEL_KEY(slot, generation) \
     ((((uint64_t)(generation) & 0x7fffffffu) << 32) | (uint64_t)(slot))
 #define SN_KEY_SLOT(key)        ((uint32_t)((key) & 0xffffffffu))
 #define SN_KEY_GENERATION(key)  ((uint32_t)(((key) >> 32) & 0x7fffffffu))
-#define SN_IO_COMPLETION_KEY    0xFFFFFFFFFFFFFFFDull
+
+#include "sn_keys.h"
+
+/* The backends compiled on this platform, best first: the one place that
+   says which backend is preferred. NULL-terminated. */
+extern const sn_backend_ops_t *const sn_backends[];
 
 #ifdef __linux__
 extern const sn_backend_ops_t sn_epoll_ops;
@@ -129,7 +152,6 @@ extern const sn_backend_ops_t sn_epoll_ops;
 #ifdef _WIN32
 extern const sn_backend_ops_t sn_psn_ops;   /* the OS's ProcessSocketNotifications */
 extern const sn_backend_ops_t sn_afd_ops;   /* the same port code on the polyfill */
-int sn_psn_available(void);                 /* 1 when ws2_32 exports the function */
 #endif
 
 #endif /* SN_INTERNAL_H */

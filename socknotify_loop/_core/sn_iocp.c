@@ -23,12 +23,21 @@
  *     backend takes over.
  *   - The kernel gives back whatever key was registered, 64 bits wide. The
  *     port layer (sn_port.c) never registers keys with bit 63 set, so that
- *     half of the key space is ours: SN_POST_COMPLETION_KEY marks packets of
- *     sn_port_post(), whose caller key travels in lpOverlapped (a packet
- *     posted through the port is never an OVERLAPPED the kernel touches, so
- *     the pointer-sized field is free to carry a number), and
- *     SN_AFD_COMPLETION_KEY marks the polyfill's internal packets, which it
- *     consumes before they reach us.
+ *     half of the key space is ours (the table is sn_keys.h):
+ *     SN_POST_COMPLETION_KEY marks packets of sn_port_post(), whose caller
+ *     key travels in lpOverlapped (a packet posted through the port is
+ *     never an OVERLAPPED the kernel touches, so the pointer-sized field is
+ *     free to carry a number); SN_CLOSE_COMPLETION_KEY wakes waiters when
+ *     the port closes; SN_AFD_COMPLETION_KEY marks the polyfill's internal
+ *     packets, which it consumes before they reach us.
+ *   - PSN applies the batch and waits in one kernel transition, so a
+ *     registration the kernel refuses cannot shorten that wait. Refusals
+ *     are made rare instead: the selector asks sn_port_check() (is it an
+ *     open socket?) at register() time, and the port layer refuses bad
+ *     arguments before the call. What remains is a socket closed between
+ *     register() and the next select; its failure is reported when the
+ *     call returns. (The polyfill, which applies before it waits, turns
+ *     its wait into a poll when a registration failed.)
  *   - PSN's and our structures have the same field order but not the same
  *     types (a SOCKET and a PVOID against two uint64_t on x64, and our
  *     result field is .result, theirs .registrationResult): every field is
@@ -50,8 +59,8 @@
  * port layer never issues kernel key 0 (generations start at 1), so key 0
  * means the same thing. Any other reserved key is dropped.
  *
- * Sources read: the Winsock socket-state-notifications article and its C
- * samples (the seeds), the learn.microsoft.com pages for
+ * Sources read: Microsoft's article "Winsock socket state notifications"
+ * and its C samples, the learn.microsoft.com pages for
  * ProcessSocketNotifications, SOCK_NOTIFY_REGISTRATION and
  * GetQueuedCompletionStatusEx, and windows-sys for the SDK's layout.
  */
@@ -92,19 +101,6 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
 
-/* ------------------------------------------------------------ Windows glue */
-
-void sn_mutex_init(sn_mutex_t *m) { InitializeSRWLock(m); }
-void sn_mutex_lock(sn_mutex_t *m) { AcquireSRWLockExclusive(m); }
-void sn_mutex_unlock(sn_mutex_t *m) { ReleaseSRWLockExclusive(m); }
-void sn_mutex_destroy(sn_mutex_t *m) { (void)m; /* SRW locks own nothing */ }
-
-int64_t sn_now_ms(void) {
-    /* Monotonic; ticks of 10-16 ms, which is the resolution of the waits
-       it recomputes anyway. */
-    return (int64_t)GetTickCount64();
-}
-
 /* --------------------------------------------------------------- PSN lookup */
 
 static sn_process_socket_notifications_fn iocp__psn;
@@ -124,9 +120,26 @@ static BOOL CALLBACK iocp__psn_lookup(PINIT_ONCE once, PVOID param, PVOID *conte
     return TRUE;
 }
 
-int sn_psn_available(void) {
+static int iocp__psn_found(void) {
     InitOnceExecuteOnce(&iocp__psn_once, iocp__psn_lookup, NULL, NULL);
     return iocp__psn != NULL;
+}
+
+static int iocp__available_psn(const char **why) {
+    int found = iocp__psn_found();
+    *why = found ? "ProcessSocketNotifications exported by ws2_32"
+                 : "ProcessSocketNotifications not exported by ws2_32 "
+                   "(needs Windows 11 or Server 2022)";
+    return found;
+}
+
+static int iocp__available_afd(const char **why) {
+    *why = iocp__psn_found()
+        ? "IOCTL_AFD_POLL polyfill (available; the OS's own "
+          "ProcessSocketNotifications is preferred)"
+        : "ProcessSocketNotifications not exported by ws2_32; "
+          "AFD fallback (IOCTL_AFD_POLL polyfill)";
+    return 1;
 }
 
 /* ----------------------------------------------------------------- the port */
@@ -161,7 +174,7 @@ err1:
 }
 
 static int iocp__open_psn(sn_port_t *port) {
-    if (!sn_psn_available())
+    if (!iocp__psn_found())
         return SN_ERROR_NOT_SUPPORTED;
     return iocp__open(port, iocp__psn, 0);
 }
@@ -181,7 +194,7 @@ static UINT32 iocp__timeout(int64_t timeout_ms) {
 
 /* One dequeued packet as a kernel event. Returns 0 for a packet to drop. */
 static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
-    ULONG_PTR key = entry->lpCompletionKey;
+    uint64_t key = (uint64_t)entry->lpCompletionKey;
     if (key == SN_POST_COMPLETION_KEY) {
         /* sn_port_post(): the caller's key rides in lpOverlapped. */
         out->key = (uint64_t)(uintptr_t)entry->lpOverlapped;
@@ -198,11 +211,12 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
         return 1;
     }
     if (key & SN_RESERVED_KEY_BIT) {
-        /* A reserved key nobody here issued (see the note at the top). */
+        /* SN_CLOSE_COMPLETION_KEY (the waiter sees the port closing), or a
+           reserved key nobody here issued. */
         return 0;
     }
     /* A notification: the registration's (kernel) key and its events. */
-    out->key = (uint64_t)key;
+    out->key = key;
     out->events = entry->dwNumberOfBytesTransferred;
     out->posted = 0;
     return 1;
@@ -210,18 +224,19 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
 
 static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
                          int64_t timeout_ms, sn_kevent_t *events, uint32_t max_events,
-                         uint32_t *received) {
+                         uint32_t *received, uint32_t *dropped) {
     iocp_port_t *ip = port->impl;
     SOCK_NOTIFY_REGISTRATION stack_regs[IOCP_STACK_REGS];
     OVERLAPPED_ENTRY stack_entries[IOCP_STACK_ENTRIES];
     SOCK_NOTIFY_REGISTRATION *kregs = stack_regs;
     OVERLAPPED_ENTRY *entries = stack_entries;
-    int64_t deadline = timeout_ms > 0 ? sn_now_ms() + timeout_ms : 0;
+    UINT32 got = 0, j;
     DWORD rc;
     uint32_t i;
     int err = 0;
 
     *received = 0;
+    *dropped = 0;
     if (count > IOCP_STACK_REGS) {
         kregs = malloc((size_t)count * sizeof *kregs);
         if (kregs == NULL) {
@@ -245,41 +260,34 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         kregs[i].registrationResult = ERROR_SUCCESS;
     }
 
-    for (;;) {
-        UINT32 got = 0, j;
-
-        if (max_events == 0) {
-            /* PSN's rule: no room for entries means no wait at all. */
-            rc = ip->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
-        } else {
-            rc = ip->process(ip->iocp, count, count ? kregs : NULL,
-                             iocp__timeout(timeout_ms), max_events, entries, &got);
-        }
-        if (count != 0) {
-            /* Each verdict back into the caller's record. If the whole call
-               failed, nothing was applied: every change carries that error. */
-            int applied = rc == ERROR_SUCCESS || rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT;
-            for (i = 0; i < count; i++)
-                regs[i].result = applied ? (uint32_t)kregs[i].registrationResult
-                                         : (uint32_t)rc;
-            count = 0;   /* applied once; a resumed wait only dequeues */
-        }
-        if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
-            break;        /* *received stays 0 */
-        if (rc != ERROR_SUCCESS) {
-            err = (int)rc;
-            break;
-        }
-        for (j = 0; j < got; j++)
-            *received += (uint32_t)iocp__kevent(&entries[j], &events[*received]);
-        if (*received != 0 || got == 0 || timeout_ms == 0)
-            break;
-        /* Everything dequeued was dropped: resume with the time left. */
-        if (timeout_ms > 0) {
-            timeout_ms = deadline - sn_now_ms();
-            if (timeout_ms <= 0)
-                break;
-        }
+    /* THE call: registrations (re-arms first) and the wait, in one. */
+    SN_COUNT(port, SN_COUNT_WAITS);
+    if (max_events == 0) {
+        /* PSN's rule: no room for entries means no wait at all. */
+        rc = ip->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
+    } else {
+        rc = ip->process(ip->iocp, count, count ? kregs : NULL,
+                         iocp__timeout(timeout_ms), max_events, entries, &got);
+    }
+    if (count != 0) {
+        /* Each verdict back into the caller's record. If the whole call
+           failed, nothing was applied: every change carries that error. */
+        int applied = rc == ERROR_SUCCESS || rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT;
+        for (i = 0; i < count; i++)
+            regs[i].result = applied ? (uint32_t)kregs[i].registrationResult
+                                     : (uint32_t)rc;
+    }
+    if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
+        goto out;        /* *received stays 0 */
+    if (rc != ERROR_SUCCESS) {
+        err = (int)rc;
+        goto out;
+    }
+    for (j = 0; j < got; j++) {
+        if (iocp__kevent(&entries[j], &events[*received]))
+            (*received)++;
+        else
+            (*dropped)++;
     }
 out:
     if (kregs != stack_regs)
@@ -291,16 +299,27 @@ out:
 
 static int iocp__post(sn_port_t *port, uint64_t key) {
     iocp_port_t *ip = port->impl;
+    SN_COUNT(port, SN_COUNT_WAKES);
     /* lpOverlapped carries the key; the kernel never dereferences a posted
        packet's OVERLAPPED, it only hands the pointer back. */
-    if (!PostQueuedCompletionStatus(ip->iocp, 0, SN_POST_COMPLETION_KEY,
+    if (!PostQueuedCompletionStatus(ip->iocp, 0, (ULONG_PTR)SN_POST_COMPLETION_KEY,
                                     (LPOVERLAPPED)(uintptr_t)key))
         return (int)GetLastError();
     return 0;
 }
 
-static void iocp__close(sn_port_t *port) {
+static void iocp__wake_all(sn_port_t *port) {
     iocp_port_t *ip = port->impl;
+    /* One packet wakes one waiter, and a waiter may take several: close()
+       calls this every millisecond until every waiter has left. Leftover
+       packets die with the port. */
+    SN_COUNT(port, SN_COUNT_WAKES);
+    PostQueuedCompletionStatus(ip->iocp, 0, (ULONG_PTR)SN_CLOSE_COMPLETION_KEY, NULL);
+}
+
+static void iocp__close(sn_port_t *port, int inherited) {
+    iocp_port_t *ip = port->impl;
+    (void)inherited;   /* no fork on Windows */
     if (ip == NULL)
         return;
     /* The polyfill's polls write into its memory until they complete on
@@ -318,22 +337,57 @@ static uint64_t iocp__os_handle(sn_port_t *port) {
     return (uint64_t)(uintptr_t)((iocp_port_t *)port->impl)->iocp;
 }
 
+static int iocp__check(sn_port_t *port, uint64_t socket) {
+    int type = 0, len = sizeof type;
+    (void)port;
+    /* What PSN and the polyfill refuse a registration for: a value that is
+       not an open socket (a CRT file descriptor, a closed socket). */
+    if (getsockopt((SOCKET)socket, SOL_SOCKET, SO_TYPE, (char *)&type, &len) != 0)
+        return WSAGetLastError();
+    return 0;
+}
+
+static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
+    sn_afd_counters(((iocp_port_t *)port->impl)->iocp, out);
+}
+
+#define IOCP_TRIGGERS_PSN \
+    (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE)
+/* An AFD poll reports a level snapshot; edges cannot be told apart from a
+   still-true level (see sn_afd.c). */
+#define IOCP_TRIGGERS_AFD \
+    (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL)
+
 const sn_backend_ops_t sn_psn_ops = {
     "psn",
+    SN_BACKEND_PSN,
+    IOCP_TRIGGERS_PSN,
+    0,
+    iocp__available_psn,
     iocp__open_psn,
     iocp__process,
     iocp__post,
+    iocp__wake_all,
     iocp__close,
     iocp__os_handle,
+    iocp__check,
+    NULL,
 };
 
 const sn_backend_ops_t sn_afd_ops = {
     "afd",
+    SN_BACKEND_AFD,
+    IOCP_TRIGGERS_AFD,
+    0,
+    iocp__available_afd,
     iocp__open_afd,
     iocp__process,
     iocp__post,
+    iocp__wake_all,
     iocp__close,
     iocp__os_handle,
+    iocp__check,
+    iocp__add_afd_counters,
 };
 
 #endif /* _WIN32 */

@@ -1,10 +1,12 @@
 /*
  * sn_port.c -- the portable half of a notification port: the registration
- * table, stale-notification filtering, and backend selection.
+ * table, stale-notification filtering, "wait again for the time left",
+ * the life cycle (close, fork), and backend selection.
  *
  * Why a table at all? ProcessSocketNotifications hands back whatever
- * completion key a registration was made with, and the seeds say two things
- * that make raw caller keys dangerous:
+ * completion key a registration was made with, and Microsoft's article
+ * "Winsock socket state notifications" says two things that make raw
+ * caller keys dangerous:
  *   - closesocket() deregisters a socket silently (no REMOVE event), yet
  *     notifications already queued on the port are still delivered;
  *   - socket handle values are reused at once by the next socket.
@@ -13,58 +15,64 @@
  * registration. The kernel therefore never sees the caller's key. It sees
  * SN_KERNEL_KEY(slot, generation); the generation of a slot is bumped every
  * time the slot is freed, and a dequeued key whose generation no longer
- * matches its slot is dropped. This is the "slot + generation" scheme of
- * socket-notifications.md; epoll gets it too, because the same contract must
- * hold on every backend even where the kernel would have been kind to us.
+ * matches its slot is dropped. epoll gets the same scheme, because the same
+ * contract must hold on every backend even where the kernel would have
+ * been kind to us.
  *
  * A record is retired (slot freed, generation bumped) when:
  *   - the REMOVE event of a successful OP_REMOVE is dequeued (the event is
  *     passed on to the caller with the record's key: the documented moment
- *     when per-registration state may be freed);
+ *     when per-registration state may be freed), or at once for a caller
+ *     that asked for quiet removes (the selector: stale packets are
+ *     dropped by generation anyway);
  *   - an OP_REMOVE fails with any error: the socket is already gone
  *     (closed), so no REMOVE will ever come;
  *   - an OP_ENABLE names a socket value whose live record carries another
  *     caller key: the handle value was reused (or the caller re-keyed), and
  *     nothing queued under the old key may reach the new one;
  *   - an OP_ENABLE fails (the kernel's view of the socket is then unknown).
- * An OP_ENABLE on a socket whose record is REMOVING starts a fresh record;
- * the old one stays reachable by slot only, until its REMOVE arrives.
  *
- * Lazy one-shot (epoll, SN_PROCESS_REARM callers only). A caller that
- * asks the port to re-arm what it delivered, at the start of its next call,
- * sees exactly the behaviour of a persistent level-triggered registration
- * whose deliveries are ignored between a delivery and that next call; and
- * no wait happens in between, since the next call re-arms before it waits.
- * Where re-arming costs a system call per socket (epoll_ctl) and the kernel
- * offers persistent level registrations for free, the port therefore keeps
- * such one-shot registrations persistent in the kernel and the one-shot
- * state itself ("delivered") in the record: a re-arm is a flag cleared, not
- * a system call. Registrations made without the flag in force keep
- * EPOLLONESHOT. On Windows the kernel applies re-arms inside the wait
- * anyway, so nothing is gained and nothing changes there.
+ * A failed caller registration never leaves the call blocked: the backends
+ * turn the wait into a poll when a change of the batch failed, so the
+ * caller hears of the failure now rather than whenever some other event
+ * ends the wait.
+ *
+ * One-shot re-arms (SN_PROCESS_REARM). A selector re-enables, at every
+ * select, what it reported at the previous one: that is how one-shot
+ * registrations give level-triggered selector semantics. The port keeps the
+ * list of delivered one-shot registrations itself and prepends their
+ * ENABLEs to the next such call, so the steady state crosses the FFI with
+ * nothing but the wait. Registrations stay truly one-shot in the kernel on
+ * every backend: a registration that is still armed in the kernel after
+ * its owner lost track of it (a descriptor closed while a dup() of it keeps
+ * the epoll item alive) then fires at most once, instead of forever.
+ *
+ * Closing. Python objects may call a port from any thread, and close() may
+ * come while others are inside. Every entry point counts itself in
+ * `users` (an atomic increment) and THEN looks at `closing`; close() sets
+ * `closing` and THEN waits for `users` to drop to zero, waking the waiters
+ * (backend wake_all) every millisecond until they have left. Either close
+ * sees the caller, or the caller sees the port closing and backs out, so
+ * no call ever touches released resources. The struct itself is freed
+ * only by sn_port_free(), which the owner of the last reference calls: a
+ * late call on a closed port reads valid memory and fails cleanly.
+ *
+ * fork(). A child inherits the epoll instance and eventfd as shared file
+ * descriptions. Any use from the child would disturb the parent, so in a
+ * child every call fails as on a closed port, and close() only closes the
+ * child's copies of the descriptors (sn_platform.h, fork generation).
  *
  * Locking: one mutex guards the table. It is held while registrations are
  * translated and while dequeued events are translated, never across the
  * kernel wait, so several threads can block in sn_port_process() at once.
  */
-#ifndef _WIN32
-#define _POSIX_C_SOURCE 200809L   /* clock_gettime under -std=c99 */
-#endif
 #include "sn_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
 
 #define SN_TOMBSTONE 0xffffffffu
 #define SN_SLOT_LIMIT 0x7fffffffu
-
-/* Small batches translate on the stack; larger ones allocate. */
-#define SN_STACK_EVENTS 256
-
-int sn_error_not_supported(void) { return SN_ERROR_NOT_SUPPORTED; }
-int sn_error_not_registered(void) { return SN_ERROR_NOT_REGISTERED; }
-int sn_error_invalid(void) { return SN_ERROR_INVALID; }
 
 /* ---------------------------------------------------------------- index */
 
@@ -221,7 +229,6 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
     sn__index_remove(port, record->socket, slot);
     record->state = SN_RECORD_FREE;
     record->delivered = 0;
-    record->lazy = 0;
     record->generation = (record->generation + 1) & 0x7fffffffu;
     if (record->generation == 0)
         record->generation = 1;
@@ -231,106 +238,109 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
 
 /* ------------------------------------------------------------- backends */
 
-static const sn_backend_ops_t *sn__ops_for(int backend) {
-    switch (backend) {
-#ifdef __linux__
-    case SN_BACKEND_EPOLL: return &sn_epoll_ops;
-#endif
+const sn_backend_ops_t *const sn_backends[] = {
 #ifdef _WIN32
-    case SN_BACKEND_PSN: return sn_psn_available() ? &sn_psn_ops : NULL;
-    case SN_BACKEND_AFD: return &sn_afd_ops;
+    &sn_psn_ops,    /* the OS's own function, where it exists */
+    &sn_afd_ops,    /* the polyfill, everywhere else on Windows */
 #endif
-    default: return NULL;
+#ifdef __linux__
+    &sn_epoll_ops,
+#endif
+    NULL,
+};
+
+static const char *const sn__names[] = {"auto", "epoll", "psn", "afd"};
+
+static const sn_backend_ops_t *sn__ops_for(int backend) {
+    int i;
+    for (i = 0; sn_backends[i] != NULL; i++) {
+        if (sn_backends[i]->id == backend)
+            return sn_backends[i];
     }
+    return NULL;
 }
 
-static int sn__default_backend(void) {
-#ifdef __linux__
-    return SN_BACKEND_EPOLL;
-#elif defined(_WIN32)
-    return sn_psn_available() ? SN_BACKEND_PSN : SN_BACKEND_AFD;
-#else
+int sn_backend_default(void) {
+    int i;
+    const char *why;
+    for (i = 0; sn_backends[i] != NULL; i++) {
+        if (sn_backends[i]->available(&why))
+            return sn_backends[i]->id;
+    }
     return -1;
-#endif
 }
 
 int sn_backend_available(int backend, char *buf, uint32_t buf_size) {
-    const char *why;
-    int available;
+    const sn_backend_ops_t *ops;
+    const char *why = "no backend for this operating system";
+    int available = 0;
 
     if (backend == SN_BACKEND_AUTO)
-        backend = sn__default_backend();
-    switch (backend) {
-    case SN_BACKEND_EPOLL:
-#ifdef __linux__
-        available = 1;
-        why = "Linux: epoll with EPOLLONESHOT provides the contract natively";
-#else
-        available = 0;
-        why = "epoll exists only on Linux";
-#endif
-        break;
-    case SN_BACKEND_PSN:
-#ifdef _WIN32
-        available = sn_psn_available();
-        why = available
-            ? "ProcessSocketNotifications exported by ws2_32"
-            : "ProcessSocketNotifications not exported by ws2_32 "
-              "(needs Windows 11 or Server 2022)";
-#else
-        available = 0;
-        why = "ProcessSocketNotifications exists only on Windows";
-#endif
-        break;
-    case SN_BACKEND_AFD:
-#ifdef _WIN32
-        available = 1;
-        why = sn_psn_available()
-            ? "IOCTL_AFD_POLL polyfill (available; the OS's own "
-              "ProcessSocketNotifications is preferred)"
-            : "ProcessSocketNotifications not exported by ws2_32; "
-              "AFD fallback (IOCTL_AFD_POLL polyfill)";
-#else
-        available = 0;
-        why = "IOCTL_AFD_POLL exists only on Windows";
-#endif
-        break;
-    default:
-        available = 0;
-        why = "no backend for this operating system";
-        break;
+        backend = sn_backend_default();
+    ops = sn__ops_for(backend);
+    if (ops != NULL) {
+        available = ops->available(&why);
+    } else if (backend >= SN_BACKEND_EPOLL && backend <= SN_BACKEND_AFD) {
+        /* Not compiled for this operating system. */
+        why = backend == SN_BACKEND_EPOLL ? "epoll exists only on Linux"
+            : backend == SN_BACKEND_PSN ? "ProcessSocketNotifications exists only on Windows"
+            : "IOCTL_AFD_POLL exists only on Windows";
     }
     if (buf != NULL && buf_size > 0) {
         strncpy(buf, why, buf_size - 1);
         buf[buf_size - 1] = '\0';
     }
+    (void)sn__names;
     return available;
 }
 
 int sn_backend_triggers(int backend) {
-    switch (backend) {
-    case SN_BACKEND_EPOLL:
-    case SN_BACKEND_PSN:
-        return SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT |
-               SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE;
-    case SN_BACKEND_AFD:
-        /* An AFD poll reports a level snapshot; edges cannot be told apart
-           from a still-true level (see sn_afd.c). */
-        return SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL;
-    default:
-        return 0;
+    const sn_backend_ops_t *ops = sn__ops_for(backend);
+    return ops != NULL ? ops->triggers : 0;
+}
+
+int sn_backend_caps(int backend) {
+    const sn_backend_ops_t *ops = sn__ops_for(backend);
+    return ops != NULL ? ops->caps : 0;
+}
+
+/* ------------------------------------------------------------ life cycle */
+
+int sn_error_not_supported(void) { return SN_ERROR_NOT_SUPPORTED; }
+int sn_error_not_registered(void) { return SN_ERROR_NOT_REGISTERED; }
+int sn_error_invalid(void) { return SN_ERROR_INVALID; }
+int sn_error_closed(void) { return SN_ERROR_CLOSED; }
+int sn_error_busy(void) { return SN_ERROR_BUSY; }
+int sn_error_interrupted(void) { return SN_ERROR_INTERRUPTED; }
+
+static int sn__inherited(const sn_port_t *port) {
+    return port->fork_generation != sn_fork_generation();
+}
+
+/* Count the caller in, unless the port is closing or inherited. */
+static int sn__enter(sn_port_t *port) {
+    sn_atomic_inc(&port->users);
+    if (sn_atomic_load(&port->closing) || sn__inherited(port)) {
+        sn_atomic_dec(&port->users);
+        return SN_ERROR_CLOSED;
     }
+    return 0;
+}
+
+static void sn__leave(sn_port_t *port) {
+    sn_atomic_dec(&port->users);
 }
 
 sn_port_t *sn_port_open(int backend, int *error) {
     const sn_backend_ops_t *ops;
+    const char *why;
     sn_port_t *port;
     int err;
 
     if (backend == SN_BACKEND_AUTO)
-        backend = sn__default_backend();
+        backend = sn_backend_default();
     ops = sn__ops_for(backend);
-    if (ops == NULL) {
+    if (ops == NULL || !ops->available(&why)) {
         *error = SN_ERROR_NOT_SUPPORTED;
         return NULL;
     }
@@ -339,8 +349,9 @@ sn_port_t *sn_port_open(int backend, int *error) {
         *error = SN_ERROR_NO_MEMORY;
         return NULL;
     }
+    sn_fork_watch();
+    port->fork_generation = sn_fork_generation();
     port->ops = ops;
-    port->backend = backend;
     sn_mutex_init(&port->lock);
     err = ops->open(port);
     if (err != 0) {
@@ -353,20 +364,24 @@ sn_port_t *sn_port_open(int backend, int *error) {
     return port;
 }
 
-int sn_port_backend(sn_port_t *port) {
-    return port->backend;
-}
-
 uint32_t sn_port_registered(sn_port_t *port) {
     uint32_t n;
+    if (sn__enter(port) != 0)
+        return 0;
     sn_mutex_lock(&port->lock);
     n = port->live_count;
     sn_mutex_unlock(&port->lock);
+    sn__leave(port);
     return n;
 }
 
-uint64_t sn_port_os_handle(sn_port_t *port) {
-    return port->ops->os_handle(port);
+int sn_port_os_handle(sn_port_t *port, uint64_t *handle) {
+    int err = sn__enter(port);
+    if (err != 0)
+        return err;
+    *handle = port->ops->os_handle(port);
+    sn__leave(port);
+    return 0;
 }
 
 uint64_t sn_io_completion_key(void) {
@@ -374,32 +389,106 @@ uint64_t sn_io_completion_key(void) {
 }
 
 int sn_port_post(sn_port_t *port, uint64_t key) {
-    return port->ops->post(port, key);
+    int err = sn__enter(port);
+    if (err != 0)
+        return err;
+    err = port->ops->post(port, key);
+    sn__leave(port);
+    return err;
+}
+
+int sn_port_check(sn_port_t *port, uint64_t socket) {
+    int err = sn__enter(port);
+    if (err != 0)
+        return err;
+    err = port->ops->check(port, socket);
+    sn__leave(port);
+    return err;
+}
+
+uint32_t sn_port_counters(sn_port_t *port, uint64_t *out, uint32_t n) {
+    uint64_t all[SN_COUNTERS];
+    uint32_t i;
+    if (n > SN_COUNTERS)
+        n = SN_COUNTERS;
+    for (i = 0; i < SN_COUNTERS; i++)
+        all[i] = port->counters[i];
+    if (port->ops->add_counters != NULL && sn__enter(port) == 0) {
+        port->ops->add_counters(port, all);
+        sn__leave(port);
+    }
+    for (i = 0; i < n; i++)
+        out[i] = all[i];
+    return n;
+}
+
+/* Release what the port owns besides its struct (no thread inside). */
+static void sn__release(sn_port_t *port, int inherited) {
+    port->ops->close(port, inherited);
+    free(port->records);
+    free(port->free_slots);
+    free(port->index);
+    free(port->rearm_slots);
+    free(port->bound_events);
+    port->bound_events = NULL;
+    port->bound_changes = NULL;
+    port->bound_out = NULL;
+    port->records = NULL;
+    port->free_slots = NULL;
+    port->index = NULL;
+    port->rearm_slots = NULL;
+    port->records_cap = port->free_count = port->live_count = 0;
+    port->index_cap = port->index_used = 0;
+    port->rearm_count = port->rearm_cap = 0;
+    sn_atomic_store(&port->closed, 1);
 }
 
 int sn_port_close(sn_port_t *port) {
     if (port == NULL)
         return 0;
-    port->ops->close(port);
-    sn_mutex_destroy(&port->lock);
-    free(port->records);
-    free(port->free_slots);
-    free(port->index);
-    free(port->rearm_slots);
-    free(port);
+    if (!sn_atomic_cas(&port->closing, 0, 1))
+        return 0;                   /* closed, or being closed, already */
+    if (sn__inherited(port)) {
+        /* The child of a fork: the parent's threads are not here, and the
+           descriptions are shared with the parent. Close our copies. */
+        sn__release(port, 1);
+        return 0;
+    }
+    /* Waiters see `closing` when they wake; wake them until all are out.
+       A late entrant sees `closing` and backs out on its own. */
+    while (sn_atomic_load(&port->users) != 0) {
+        port->ops->wake_all(port);
+        sn_sleep_ms(1);
+    }
+    sn__release(port, 0);
     return 0;
+}
+
+void sn_port_free(sn_port_t *port) {
+    if (port == NULL)
+        return;
+    sn_port_close(port);
+    if (!port->closed && !sn__inherited(port)) {
+        /* Closed by another thread that is still releasing: only the
+           owner of the last reference calls us, so that thread is inside
+           sn_port_close(); wait for it. */
+        while (!sn_atomic_load(&port->closed))
+            sn_sleep_ms(1);
+    }
+    sn_mutex_destroy(&port->lock);
+    free(port);
 }
 
 /* ---------------------------------------------------------- the process */
 
-/* What sn_port_process() remembers about a registration between handing it
-   to the kernel and reading the result back. */
+/* What a call remembers about a registration between handing it to the
+   kernel and reading the result back. */
 typedef struct sn_pending {
     uint32_t slot;
     uint8_t skip;         /* rejected before reaching the kernel */
 } sn_pending_t;
 
-static int sn__valid_trigger(int backend, uint8_t trigger) {
+static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
     int persistence = trigger & (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT);
     int level = trigger & (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE);
     if (trigger & ~(SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT |
@@ -408,16 +497,17 @@ static int sn__valid_trigger(int backend, uint8_t trigger) {
     if (persistence == (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT) ||
         level == (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE))
         return SN_ERROR_INVALID;
-    if (trigger & ~sn_backend_triggers(backend))
+    if (trigger & ~ops->triggers)
         return SN_ERROR_NOT_SUPPORTED;
     return 0;
 }
 
-/* Translate the caller's registrations into kernel ones (lock held). */
-static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
-                        sn_registration_t *kregs, sn_pending_t *pending,
-                        uint32_t count) {
-    uint32_t i;
+/* Translate the caller's registrations into kernel ones (lock held).
+   Returns how many were refused before reaching the kernel. */
+static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+                            sn_registration_t *kregs, sn_pending_t *pending,
+                            uint32_t count) {
+    uint32_t i, refused = 0;
     for (i = 0; i < count; i++) {
         sn_registration_t *reg = &regs[i];
         sn_registration_t *kreg = &kregs[i];
@@ -428,6 +518,7 @@ static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
 
         *kreg = *reg;
         kreg->result = 0;
+        reg->result = 0;
         p->skip = 0;
         record = sn__lookup(port, reg->socket, &slot);
 
@@ -437,7 +528,7 @@ static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
                 err = SN_ERROR_INVALID;
                 break;
             }
-            if ((err = sn__valid_trigger(port->backend, reg->trigger)) != 0)
+            if ((err = sn__valid_trigger(port->ops, reg->trigger)) != 0)
                 break;
             if (record != NULL && record->state == SN_RECORD_LIVE &&
                 record->user_key != reg->key) {
@@ -453,13 +544,6 @@ static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
             port->records[slot].events = reg->events;
             port->records[slot].trigger = reg->trigger;
             port->records[slot].delivered = 0;
-            port->records[slot].lazy = 0;
-            if (port->rearm_mode && port->backend == SN_BACKEND_EPOLL &&
-                (reg->trigger & SN_TRIGGER_ONESHOT) && !(reg->trigger & SN_TRIGGER_EDGE)) {
-                kreg->trigger = (uint8_t)((reg->trigger & ~SN_TRIGGER_ONESHOT) |
-                                          SN_TRIGGER_PERSISTENT);
-                port->records[slot].lazy = 1;
-            }
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
@@ -480,6 +564,7 @@ static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
         if (err != 0) {
             reg->result = (uint32_t)err;
             p->skip = 1;
+            refused++;
             /* NONE is harmless to the kernel: it keeps the batch aligned. */
             kreg->op = SN_OP_NONE;
             continue;
@@ -487,12 +572,14 @@ static void sn__prepare(sn_port_t *port, sn_registration_t *regs,
         p->slot = slot;
         kreg->key = SN_KERNEL_KEY(slot, port->records[slot].generation);
     }
+    (void)flags;
+    return refused;
 }
 
 /* Read the kernel's verdicts back into the table (lock held). The first
    `internal` kernel registrations are the port's own re-arms: their
    verdicts settle the table but belong to no caller registration. */
-static void sn__settle(sn_port_t *port, sn_registration_t *regs,
+static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                        sn_registration_t *kregs, sn_pending_t *pending,
                        uint32_t internal, uint32_t count) {
     uint32_t i;
@@ -503,13 +590,18 @@ static void sn__settle(sn_port_t *port, sn_registration_t *regs,
             continue;
         if (i >= internal)
             regs[i - internal].result = kregs[i].result;
-        if (kregs[i].result == 0)
-            continue;
         record = &port->records[p->slot];
         /* A verdict about an older generation of this slot has nothing
            left to settle. */
         if (SN_KERNEL_KEY(p->slot, record->generation) != kregs[i].key)
             continue;
+        if (kregs[i].result == 0) {
+            /* A quiet REMOVE retires now: nothing more will be reported
+               under this registration's key. */
+            if (kregs[i].op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE))
+                sn__record_retire(port, p->slot);
+            continue;
+        }
         /* A failed REMOVE means the socket is already gone (closesocket
            deregistered it silently); a failed ENABLE leaves the kernel's
            view unknown. Either way nothing more may be delivered under
@@ -535,32 +627,56 @@ static int sn__rearm_push(sn_port_t *port, uint32_t slot) {
     return 1;
 }
 
-/* The events a registration asked for, plus the ones always delivered.
-   A hang-up outside the filter still wakes the registration for what it
-   asked for: a hung-up socket's reads and writes no longer block, and
-   swallowing the event would leave a one-shot registration disarmed with
-   nobody told. */
-static uint32_t sn__filter(uint16_t filter, uint32_t events) {
-    uint32_t wanted = events & ((uint32_t)filter | SN_EVENT_ERR | SN_EVENT_REMOVE);
-    if (wanted == 0 && (events & SN_EVENT_HANGUP))
-        wanted = filter & (SN_EVENT_IN | SN_EVENT_OUT);
-    return wanted;
+/* Where translated notifications go: process() wants sn_notification_t,
+   select() wants (key, selector mask) pairs and I/O keys. */
+typedef struct sn_sink {
+    sn_notification_t *notes;   /* process(): or NULL for select() */
+    uint64_t *out;              /* select(): pairs from the front */
+    uint32_t cap;               /* notifications, or words of out */
+    uint32_t n;                 /* notifications, or pairs, stored */
+    uint32_t io;                /* select(): I/O keys, stored from the back */
+    int woken;                  /* select(): a posted packet arrived */
+} sn_sink_t;
+
+/* The selector mask of delivered events, as selectors.EpollSelector
+   computes it from epoll's bits: readable on IN or a hang-up (a read
+   meets EOF), writable on OUT, both on an error. A half-closed peer is a
+   hang-up of the read side only: reporting it writable would wake a
+   writer whose buffer is still full, again and again. */
+static uint64_t sn__select_mask(uint16_t filter, uint32_t events) {
+    uint64_t mask = 0, wanted = 0;
+    if (events & (SN_EVENT_IN | SN_EVENT_HANGUP | SN_EVENT_ERR))
+        mask |= SN_SELECT_READ;
+    if (events & (SN_EVENT_OUT | SN_EVENT_ERR))
+        mask |= SN_SELECT_WRITE;
+    if (filter & (SN_EVENT_IN | SN_EVENT_HANGUP))
+        wanted |= SN_SELECT_READ;
+    if (filter & SN_EVENT_OUT)
+        wanted |= SN_SELECT_WRITE;
+    return mask & wanted;
 }
 
-/* Turn kernel events into caller notifications (lock held). */
+/* Turn kernel events into the sink's form (lock held). Returns how many
+   were reported or, for select(), made the call return (a wake-up). */
 static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
-                            uint32_t count, sn_notification_t *out) {
-    uint32_t i, n = 0;
+                            uint32_t count, sn_sink_t *sink) {
+    uint32_t i, before = sink->n + sink->io + (uint32_t)sink->woken;
     for (i = 0; i < count; i++) {
         const sn_kevent_t *ev = &events[i];
-        uint32_t slot;
+        uint32_t slot, wanted;
         sn_record_t *record;
         if (ev->posted) {
-            /* A posted packet (events 0) or an I/O completion (SN_EVENT_IO):
-               passed through as the backend gave it. */
-            out[n].key = ev->key;
-            out[n].events = ev->events;
-            n++;
+            /* A posted packet (events 0) or an I/O completion (SN_EVENT_IO). */
+            if (sink->notes != NULL) {
+                sink->notes[sink->n].key = ev->key;
+                sink->notes[sink->n].events = ev->events;
+                sink->n++;
+            } else if (ev->events & SN_EVENT_IO) {
+                sink->io++;
+                sink->out[sink->cap - sink->io] = ev->key;
+            } else {
+                sink->woken = 1;   /* a wake-up: the select returns */
+            }
             continue;
         }
         slot = SN_KEY_SLOT(ev->key);
@@ -570,20 +686,39 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         if (record->state == SN_RECORD_FREE ||
             record->generation != SN_KEY_GENERATION(ev->key))
             continue;   /* stale: queued for a registration since retired */
-        if (record->lazy && record->delivered && !(ev->events & SN_EVENT_REMOVE))
-            continue;   /* a lazy one-shot, delivered and not re-armed yet */
-        out[n].key = record->user_key;
-        out[n].events = sn__filter(record->events, ev->events);
-        if (out[n].events == 0)
-            continue;
-        n++;
-        if (ev->events & SN_EVENT_REMOVE)
+        if (ev->events & SN_EVENT_REMOVE) {
+            if (sink->notes != NULL) {
+                sink->notes[sink->n].key = record->user_key;
+                sink->notes[sink->n].events = SN_EVENT_REMOVE;
+                sink->n++;
+            }
             sn__record_retire(port, slot);
-        else if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
-                 !record->delivered && sn__rearm_push(port, slot))
+            continue;
+        }
+        /* A one-shot delivery disarmed the registration in the kernel,
+           whatever we make of it: note it for the next re-arm even if
+           nothing in it is reported (the kernel may deliver a condition
+           outside the filter, such as an error). */
+        if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
+            !record->delivered && sn__rearm_push(port, slot))
             record->delivered = 1;
+        if (sink->notes != NULL) {
+            wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
+            if (wanted == 0)
+                continue;
+            sink->notes[sink->n].key = record->user_key;
+            sink->notes[sink->n].events = wanted;
+            sink->n++;
+        } else {
+            uint64_t mask = sn__select_mask(record->events, ev->events);
+            if (mask == 0)
+                continue;
+            sink->out[2 * sink->n] = record->user_key;
+            sink->out[2 * sink->n + 1] = mask;
+            sink->n++;
+        }
     }
-    return n;
+    return sink->n + sink->io + (uint32_t)sink->woken - before;
 }
 
 /* The port's own re-arms (SN_PROCESS_REARM): an ENABLE, with the filter
@@ -599,8 +734,6 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
         if (record->state != SN_RECORD_LIVE || !record->delivered)
             continue;   /* removed or re-enabled by its owner meanwhile */
         record->delivered = 0;
-        if (record->lazy)
-            continue;   /* armed again by clearing the flag: no kernel call */
         kregs[n].socket = record->socket;
         kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
         kregs[n].events = record->events;
@@ -615,26 +748,30 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
     return n;
 }
 
-int sn_port_process(sn_port_t *port, uint32_t flags,
-                    sn_registration_t *registrations, uint32_t count,
-                    int64_t timeout_ms,
-                    sn_notification_t *notifications, uint32_t max_notifications,
-                    uint32_t *received) {
-    sn_registration_t stack_kregs[16];
-    sn_pending_t stack_pending[16];
+/* Small batches translate on the stack; larger ones allocate. */
+#define SN_STACK_REGS    16
+#define SN_STACK_EVENTS  256
+
+/* The one routine behind sn_port_process() and sn_port_select(): apply
+   re-arms and changes, wait, translate; wait again for the time left while
+   everything dequeued was dropped. The caller has entered the port. */
+static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+                   uint32_t count, int64_t timeout_ms, uint32_t max_events,
+                   sn_kevent_t *given_events, sn_sink_t *sink) {
+    sn_registration_t stack_kregs[SN_STACK_REGS];
+    sn_pending_t stack_pending[SN_STACK_REGS];
     sn_kevent_t stack_events[SN_STACK_EVENTS];
     sn_registration_t *kregs = stack_kregs;
     sn_pending_t *pending = stack_pending;
     sn_kevent_t *events = stack_events;
-    uint32_t internal = 0, total;
+    uint32_t internal = 0, total, refused;
     int64_t deadline = 0;
     int err = 0;
 
-    *received = 0;
-    if (flags & ~(uint32_t)SN_PROCESS_REARM)
-        return SN_ERROR_INVALID;
-    if (max_notifications > SN_STACK_EVENTS) {
-        events = malloc((size_t)max_notifications * sizeof *events);
+    if (given_events != NULL) {
+        events = given_events;
+    } else if (max_events > SN_STACK_EVENTS) {
+        events = malloc((size_t)max_events * sizeof *events);
         if (events == NULL)
             return SN_ERROR_NO_MEMORY;
     }
@@ -645,7 +782,7 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
     if (flags & SN_PROCESS_REARM)
         port->rearm_mode = 1;
     total = count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0);
-    if (total > 16) {
+    if (total > SN_STACK_REGS) {
         kregs = malloc((size_t)total * sizeof *kregs);
         pending = malloc((size_t)total * sizeof *pending);
         if (kregs == NULL || pending == NULL) {
@@ -656,25 +793,34 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
     }
     if (flags & SN_PROCESS_REARM)
         internal = sn__prepare_rearms(port, kregs, pending);
-    sn__prepare(port, registrations, kregs + internal, pending + internal, count);
+    refused = sn__prepare(port, flags, regs, kregs + internal, pending + internal, count);
     total = internal + count;
     sn_mutex_unlock(&port->lock);
+    /* A change refused here is news for the caller: do not sit on it. */
+    if (refused != 0)
+        timeout_ms = 0;
 
     for (;;) {
-        uint32_t got = 0, delivered;
+        uint32_t got = 0, dropped = 0, reported;
         err = port->ops->process(port, kregs, total, timeout_ms,
-                                 events, max_notifications, &got);
-        sn_mutex_lock(&port->lock);
-        if (total != 0) {
-            sn__settle(port, registrations, kregs, pending, internal, total);
-            total = 0;   /* registrations are applied once, by the first call */
+                                 events, max_events, &got, &dropped);
+        reported = 0;
+        if (total != 0 || got != 0) {
+            sn_mutex_lock(&port->lock);
+            if (total != 0) {
+                sn__settle(port, flags, regs, kregs, pending, internal, total);
+                total = 0;   /* registrations are applied once, by the first call */
+            }
+            reported = sn__deliver(port, events, got, sink);
+            sn_mutex_unlock(&port->lock);
         }
-        delivered = sn__deliver(port, events, got, notifications);
-        sn_mutex_unlock(&port->lock);
-        *received = delivered;
-        if (err != 0 || delivered != 0 || got == 0 || timeout_ms == 0)
+        if (err != 0 || reported != 0 || timeout_ms == 0)
             break;
-        /* Everything dequeued was stale: wait again for what is left. */
+        if (got == 0 && dropped == 0)
+            break;       /* timed out, or interrupted */
+        if (sn_atomic_load(&port->closing))
+            break;       /* woken by close() */
+        /* Everything dequeued was dropped: wait again for what is left. */
         if (timeout_ms > 0) {
             timeout_ms = deadline - sn_now_ms();
             if (timeout_ms <= 0)
@@ -686,24 +832,114 @@ out:
         free(kregs);
     if (pending != stack_pending)
         free(pending);
-    if (events != stack_events)
+    if (events != stack_events && events != given_events)
         free(events);
     return err;
 }
 
-/* ------------------------------------------------------------ POSIX glue */
+int sn_port_process(sn_port_t *port, uint32_t flags,
+                    sn_registration_t *registrations, uint32_t count,
+                    int64_t timeout_ms,
+                    sn_notification_t *notifications, uint32_t max_notifications,
+                    uint32_t *received) {
+    sn_sink_t sink;
+    int err;
 
-#ifndef _WIN32
-#include <time.h>
-
-void sn_mutex_init(sn_mutex_t *m) { pthread_mutex_init(m, NULL); }
-void sn_mutex_lock(sn_mutex_t *m) { pthread_mutex_lock(m); }
-void sn_mutex_unlock(sn_mutex_t *m) { pthread_mutex_unlock(m); }
-void sn_mutex_destroy(sn_mutex_t *m) { pthread_mutex_destroy(m); }
-
-int64_t sn_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    *received = 0;
+    if (flags & ~(uint32_t)(SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE))
+        return SN_ERROR_INVALID;
+    if ((err = sn__enter(port)) != 0)
+        return err;
+    memset(&sink, 0, sizeof sink);
+    sink.notes = notifications;
+    sink.cap = max_notifications;
+    err = sn__run(port, flags, registrations, count, timeout_ms,
+                  max_notifications, NULL, &sink);
+    /* A signal cut the wait short: what arrived is returned, like a
+       select() that returns early (the caller's signal handler runs next). */
+    if (err == SN_ERROR_INTERRUPTED)
+        err = 0;
+    *received = sink.n;
+    sn__leave(port);
+    return err;
 }
-#endif
+
+int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,
+                 uint64_t *out, uint32_t out_cap) {
+    sn_kevent_t *events;
+    int err;
+    if ((err = sn__enter(port)) != 0)
+        return err;
+    if (!sn_atomic_cas(&port->selecting, 0, 1)) {
+        sn__leave(port);
+        return SN_ERROR_BUSY;
+    }
+    /* The kernel events of a select, translated into `out`: as many as
+       `out` has pairs. Ours, so allocated here, once per bind. */
+    events = malloc((size_t)(out_cap / 2 + 1) * sizeof *events);
+    if (events == NULL) {
+        sn_atomic_store(&port->selecting, 0);
+        sn__leave(port);
+        return SN_ERROR_NO_MEMORY;
+    }
+    free(port->bound_events);
+    port->bound_events = events;
+    port->bound_changes = changes;
+    port->bound_changes_cap = changes_cap;
+    port->bound_out = out;
+    port->bound_out_cap = out_cap;
+    sn_atomic_store(&port->selecting, 0);
+    sn__leave(port);
+    return 0;
+}
+
+int64_t sn_port_select(sn_port_t *port, uint32_t count, int64_t timeout_ms) {
+    sn_sink_t sink;
+    uint32_t i, max_events;
+    int err;
+
+    if ((err = sn__enter(port)) != 0)
+        return -(int64_t)err;
+    if (!sn_atomic_cas(&port->selecting, 0, 1)) {
+        sn__leave(port);
+        return -(int64_t)SN_ERROR_BUSY;
+    }
+    memset(&sink, 0, sizeof sink);
+    sink.out = port->bound_out;
+    sink.cap = port->bound_out_cap;
+    if (count > port->bound_changes_cap || port->bound_out == NULL ||
+        sink.cap / 2 <= count) {
+        err = SN_ERROR_INVALID;
+        goto out;
+    }
+    /* Room for the failure pairs of the changes, then kernel events. */
+    max_events = sink.cap / 2 - count;
+    err = sn__run(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE,
+                  port->bound_changes, count, timeout_ms, max_events,
+                  port->bound_events, &sink);
+    /* A change that failed: its owner hears of it as readiness, once. */
+    for (i = 0; i < count; i++) {
+        const sn_registration_t *reg = &port->bound_changes[i];
+        uint64_t mask;
+        if (reg->result == 0 || reg->op != SN_OP_ENABLE)
+            continue;
+        mask = sn__select_mask(reg->events, SN_EVENT_ERR);
+        if (mask == 0)
+            continue;
+        port->bound_out[2 * sink.n] = reg->key;
+        port->bound_out[2 * sink.n + 1] = mask;
+        sink.n++;
+    }
+    /* The I/O keys were stored from the back: move them behind the pairs. */
+    if (sink.io != 0)
+        memmove(sink.out + 2 * sink.n, sink.out + sink.cap - sink.io,
+                (size_t)sink.io * sizeof *sink.out);
+out:
+    sn_atomic_store(&port->selecting, 0);
+    sn__leave(port);
+    if (err != 0 && err != SN_ERROR_INTERRUPTED)
+        return -(int64_t)err;
+    if (err == SN_ERROR_INTERRUPTED && sink.n == 0 && sink.io == 0)
+        return -(int64_t)err;
+    return (int64_t)sink.n | ((int64_t)sink.io << 32);
+}

@@ -68,19 +68,10 @@ typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(
     OVERLAPPED_ENTRY *completionPortEntries,
     UINT32 *receivedEntryCount);
 
-/* Completion keys reserved on a port. The port layer's kernel keys never
-   set bit 63 (SN_KERNEL_KEY in sn_internal.h), so every key with bit 63 set
-   is ours to hand out, and none of them can be mistaken for a socket's.
-     SN_POST_COMPLETION_KEY  packets queued by sn_port_post(); the caller's
-                             key rides in lpOverlapped.
-     SN_AFD_COMPLETION_KEY   completions of the polyfill's own AFD polls; the
-                             polyfill consumes them and never returns them.
-     SN_IO_COMPLETION_KEY    (sn_internal.h, 0xFF..FD) overlapped I/O of
-                             handles associated with the port: pipes and
-                             subprocesses; returned as SN_EVENT_IO events. */
-#define SN_POST_COMPLETION_KEY  ((ULONG_PTR)0xFFFFFFFFFFFFFFFFull)
-#define SN_AFD_COMPLETION_KEY   ((ULONG_PTR)0xFFFFFFFFFFFFFFFEull)
-#define SN_RESERVED_KEY_BIT     ((ULONG_PTR)1 << 63)
+/* The reserved completion keys (SN_POST_COMPLETION_KEY, SN_AFD_COMPLETION_KEY,
+   SN_IO_COMPLETION_KEY, SN_CLOSE_COMPLETION_KEY) live in sn_keys.h, the one
+   table of them. */
+#include "sn_keys.h"
 
 /* The polyfill: ProcessSocketNotifications on IOCTL_AFD_POLL (sn_afd.c).
    Same arguments, same return values (ERROR_SUCCESS, WAIT_TIMEOUT, or an
@@ -107,6 +98,10 @@ void sn_afd_port_closed(HANDLE port);
    cancelled ones not yet come back). Returns ERROR_NOT_FOUND for a port
    the polyfill has not seen. */
 DWORD sn_afd_statistics(HANDLE port, UINT32 *registered, UINT32 *polls_in_flight);
+
+/* Add the polyfill's kernel-call counts for a port (SN_COUNT_AFD_*) into
+   counters[]; nothing for a port the polyfill has not seen. */
+void sn_afd_counters(HANDLE port, uint64_t *counters);
 
 #endif /* _WIN32 */
 #endif /* SN_WIN_H */

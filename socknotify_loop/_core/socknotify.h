@@ -56,23 +56,53 @@
 #define SN_TRIGGER_LEVEL       4
 #define SN_TRIGGER_EDGE        8
 
-/* Backends, for sn_port_open()'s request and sn_port_backend()'s answer. */
+/* Backends, for sn_port_open() and the sn_backend_*() queries. */
 #define SN_BACKEND_AUTO   0
 #define SN_BACKEND_EPOLL  1
 #define SN_BACKEND_PSN    2
 #define SN_BACKEND_AFD    3
 
-/* sn_port_process() flag: before the caller's registrations, re-enable
-   (same filter and trigger) every one-shot registration that an earlier
-   call delivered and that nobody re-enabled or removed since. This is the
-   selector's steady state -- re-arm what was reported last time -- done
-   without handing each re-arm across the FFI; the re-arms still reach the
-   kernel in the same call that waits. Meant for a port with one waiting
-   thread: with several, a re-arm may be made by a sibling's call. */
-#define SN_PROCESS_REARM  1
+/* Capabilities of a backend (sn_backend_caps). */
+/* Each registration change costs a system call of its own, whenever it is
+   made (epoll_ctl): nothing is saved by carrying changes to the next wait,
+   so a selector applies them at once and reports errors where the stdlib
+   selectors do (at register/modify). Without it (the completion-port
+   backends) changes ride in the call that waits. */
+#define SN_CAP_CHANGES_AT_ONCE  1
+
+/* sn_port_process() flags. */
+/* Before the caller's registrations, re-enable (same filter and trigger)
+   every one-shot registration that an earlier call delivered and that
+   nobody re-enabled or removed since: the selector's steady state --
+   re-arm what was reported last time -- without handing each re-arm
+   across the FFI; the re-arms reach the kernel in the call that waits. */
+#define SN_PROCESS_REARM         1
+/* A successful SN_OP_REMOVE retires its registration at once and yields no
+   SN_EVENT_REMOVE notification. Safe because kernel keys carry a
+   generation: anything still queued for the removed registration is
+   recognised as stale and dropped. */
+#define SN_PROCESS_QUIET_REMOVE  2
 
 /* sn_port_process()'s timeout value that means "wait forever". */
 #define SN_INFINITE  -1
+
+/* Selector masks written by sn_port_select(): the values of
+   selectors.EVENT_READ and selectors.EVENT_WRITE. */
+#define SN_SELECT_READ   1
+#define SN_SELECT_WRITE  2
+
+/* Kernel-call counters (sn_port_counters), by index. Always on: one
+   relaxed atomic increment per call. */
+#define SN_COUNT_WAITS        0  /* epoll_wait / ProcessSocketNotifications (psn, afd: the
+                                    function the port code calls) */
+#define SN_COUNT_CHANGES      1  /* epoll_ctl */
+#define SN_COUNT_WAKES        2  /* eventfd write / PostQueuedCompletionStatus */
+#define SN_COUNT_DRAINS       3  /* eventfd read */
+#define SN_COUNT_AFD_POLLS    4  /* NtDeviceIoControlFile(IOCTL_AFD_POLL) (afd) */
+#define SN_COUNT_AFD_CANCELS  5  /* NtCancelIoFileEx (afd) */
+#define SN_COUNT_AFD_DEQUEUES 6  /* GetQueuedCompletionStatusEx (afd) */
+#define SN_COUNT_AFD_POSTS    7  /* PostQueuedCompletionStatus inside the polyfill (afd) */
+#define SN_COUNTERS           8
 
 /* Error code for a backend that was asked for but is not available here
    (ENOSYS on POSIX, ERROR_NOT_SUPPORTED on Windows, see sn_internal.h). */
@@ -82,6 +112,14 @@ int sn_error_not_supported(void);
 int sn_error_not_registered(void);
 /* Error code for an invalid argument (EINVAL / ERROR_INVALID_PARAMETER). */
 int sn_error_invalid(void);
+/* Error code for a call on a closed port, or on a port inherited through
+   fork() (EBADF / ERROR_INVALID_HANDLE). */
+int sn_error_closed(void);
+/* Error code for sn_port_select() entered while another thread is inside
+   it, or sn_port_bind() while a select runs (EBUSY / ERROR_BUSY). */
+int sn_error_busy(void);
+/* Error code for a wait interrupted by a signal (EINTR; never on Windows). */
+int sn_error_interrupted(void);
 
 /* One registration change, in SOCK_NOTIFY_REGISTRATION's order. */
 typedef struct sn_registration {
@@ -102,13 +140,9 @@ typedef struct sn_notification {
 
 typedef struct sn_port sn_port_t;
 
-/* Open a port on the requested backend (SN_BACKEND_AUTO picks the best one
-   available). On failure returns NULL and stores an OS error code in *error;
-   an unavailable backend gives sn_error_not_supported(). */
-sn_port_t *sn_port_open(int backend, int *error);
-
-/* Which backend the port runs on (SN_BACKEND_*). */
-int sn_port_backend(sn_port_t *port);
+/* The backend SN_BACKEND_AUTO stands for on this machine: the first
+   available one in the core's order of preference. */
+int sn_backend_default(void);
 
 /* Whether a backend can be opened on this machine (1 or 0), and a short
    human-readable sentence saying why, written into buf (NUL-terminated). */
@@ -118,39 +152,89 @@ int sn_backend_available(int backend, char *buf, uint32_t buf_size);
    A registration asking for a flag outside it fails with sn_error_not_supported(). */
 int sn_backend_triggers(int backend);
 
+/* The backend's SN_CAP_* flags. */
+int sn_backend_caps(int backend);
+
+/* Open a port on the requested backend (SN_BACKEND_AUTO picks the best one
+   available). On failure returns NULL and stores an OS error code in *error;
+   an unavailable backend gives sn_error_not_supported(). */
+sn_port_t *sn_port_open(int backend, int *error);
+
 /* Apply `count` registration changes in order (after the port's own
    re-arms if flags has SN_PROCESS_REARM), then wait up to timeout_ms
    (SN_INFINITE = forever, 0 = poll) for notifications and store at most
    max_notifications of them. *received is the number stored (0 on timeout).
    Returns 0, or an error code when the wait itself failed; the registration
-   results are valid in both cases. Safe to call from several threads at once
-   on one port. Stale notifications are dropped and the wait resumes with
-   the remaining time. */
+   results are valid in both cases. If any caller registration failed, the
+   call does not block (its failure is news the caller must hear now).
+   Safe to call from several threads at once on one port. Stale
+   notifications are dropped and the wait resumes with the remaining time.
+   A waiter woken by sn_port_close() returns 0 with what it has. */
 int sn_port_process(sn_port_t *port, uint32_t flags,
                     sn_registration_t *registrations, uint32_t count,
                     int64_t timeout_ms,
                     sn_notification_t *notifications, uint32_t max_notifications,
                     uint32_t *received);
 
+/* The selector's fast path. sn_port_bind() lends the port two buffers owned
+   by the caller: `changes` (room for changes_cap registration changes) and
+   `out` (room for out_cap 64-bit words). sn_port_select(port, n, timeout)
+   then behaves as sn_port_process(port, SN_PROCESS_REARM |
+   SN_PROCESS_QUIET_REMOVE, changes, n, timeout, ...) and writes, from
+   out[0], one (caller key, selector mask) pair per ready registration: the
+   mask is SN_SELECT_READ/WRITE, computed as selectors.EpollSelector does
+   (IN or HANGUP: READ; OUT: WRITE; ERR: both) and limited to what the
+   registration's filter asked for. A change that failed is reported as one
+   pair with the full mask of its filter (and the call does not block): the
+   owner's next recv/send meets the error, as after EPOLLERR; its result
+   field says which error. Packets posted to the port wake the call and are
+   not reported; on Windows the keys of overlapped I/O completions
+   (SN_EVENT_IO) follow the pairs. Returns pairs | (io_keys << 32), or
+   minus an error code (sn_error_busy() if another thread is inside).
+   Memory: the buffers are written only inside sn_port_select(); rebinding
+   waits for none and fails with sn_error_busy() while a select runs. */
+int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,
+                 uint64_t *out, uint32_t out_cap);
+int64_t sn_port_select(sn_port_t *port, uint32_t count, int64_t timeout_ms);
+
 /* Queue a packet with this key; one waiter receives it with events == 0. */
 int sn_port_post(sn_port_t *port, uint64_t key);
 
+/* 0 if `socket` can be registered with this port's backend as far as a
+   cheap check tells (Windows: it is an open socket), else the error code a
+   registration would fail with. For selectors whose changes wait for the
+   next select: a bad descriptor is refused at register(). */
+int sn_port_check(sn_port_t *port, uint64_t socket);
+
 /* The OS object behind the port: the completion port HANDLE on Windows
    (to associate pipes and other overlapped handles with it), the epoll fd
-   on Linux. */
-uint64_t sn_port_os_handle(sn_port_t *port);
+   on Linux. Writes it to *handle; returns 0 or sn_error_closed(). */
+int sn_port_os_handle(sn_port_t *port, uint64_t *handle);
 
 /* The completion key under which overlapped handles are associated with a
    port (CreateIoCompletionPort) so that their completions come out of
    sn_port_process() as SN_EVENT_IO notifications. */
 uint64_t sn_io_completion_key(void);
 
-/* Number of live registrations (for tests and statistics). */
+/* Number of live registrations (for tests and statistics); 0 once closed. */
 uint32_t sn_port_registered(sn_port_t *port);
 
-/* Close the port and free it. Registrations are dropped. The caller must make
-   sure no other thread is inside sn_port_process() on this port. */
+/* Copy up to n kernel-call counters (SN_COUNT_*) into out; returns how
+   many were written. */
+uint32_t sn_port_counters(sn_port_t *port, uint64_t *out, uint32_t n);
+
+/* Close the port: wake every thread waiting in it, wait until each has
+   left (they return within a few milliseconds), then release the OS
+   resources. Safe against any concurrent call on the port: calls that
+   come later fail with sn_error_closed(). Idempotent. In a process that
+   inherited the port through fork(), it only closes that process's copies
+   of the descriptors and leaves the parent's port alone. The memory of
+   the port itself stays valid until sn_port_free(). */
 int sn_port_close(sn_port_t *port);
+
+/* Close the port if needed and free its memory. The caller guarantees no
+   thread can call in any more (the owner of the last reference). */
+void sn_port_free(sn_port_t *port);
 
 /* CDEF-END */
 

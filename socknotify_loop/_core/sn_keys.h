@@ -1,0 +1,43 @@
+/*
+ * sn_keys.h -- every completion key and reserved value the port uses, in
+ * one table. cffi never sees this file.
+ *
+ * The kernel never sees a caller's key: it sees SN_KERNEL_KEY(slot,
+ * generation) (sn_internal.h), whose bit 63 is always clear and which is
+ * never 0. Everything below is therefore free for the port's own use and
+ * can never be mistaken for a registration's key:
+ *
+ *   key                      where         what travels with it
+ *   -----------------------  ------------  -------------------------------
+ *   0                        Windows       a completion posted by
+ *                                          RegisterWaitWithQueue (process
+ *                                          exit): an SN_EVENT_IO, keyed by
+ *                                          its OVERLAPPED's address
+ *   SN_IO_COMPLETION_KEY     Windows       overlapped I/O of handles
+ *                                          associated with the port (pipes,
+ *                                          subprocesses): SN_EVENT_IO
+ *   SN_AFD_COMPLETION_KEY    Windows/afd   the polyfill's own AFD polls;
+ *                                          consumed inside the polyfill
+ *   SN_POST_COMPLETION_KEY   Windows       sn_port_post(): the caller's key
+ *                                          rides in lpOverlapped
+ *   SN_CLOSE_COMPLETION_KEY  Windows       sn_port_close() waking waiters;
+ *                                          dropped, never reported
+ *   SN_EPOLL_WAKE_KEY        Linux         the eventfd that makes REMOVE
+ *                                          events, posted packets and close
+ *                                          wake epoll_wait
+ *
+ * Keys the CALLER may use: any 64-bit value for registrations; for
+ * sn_port_post(), any value (the Python layer reserves 2**64-1 for nothing
+ * and refuses it only to keep one value free for future use).
+ */
+#ifndef SN_KEYS_H
+#define SN_KEYS_H
+
+#define SN_RESERVED_KEY_BIT      (1ull << 63)
+#define SN_POST_COMPLETION_KEY   0xFFFFFFFFFFFFFFFFull
+#define SN_AFD_COMPLETION_KEY    0xFFFFFFFFFFFFFFFEull
+#define SN_IO_COMPLETION_KEY     0xFFFFFFFFFFFFFFFDull
+#define SN_CLOSE_COMPLETION_KEY  0xFFFFFFFFFFFFFFFCull
+#define SN_EPOLL_WAKE_KEY        0xFFFFFFFFFFFFFFFFull
+
+#endif /* SN_KEYS_H */
