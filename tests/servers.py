@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 PG_DSN_VAR = "SOCKNOTIFY_TEST_PG_DSN"
 REDIS_URL_VAR = "SOCKNOTIFY_TEST_REDIS_URL"
@@ -44,7 +44,7 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
-def need(module: str, package: Optional[str] = None):
+def need(module: str, package: str | None = None):
     """Import a library a test needs, or skip/fail saying which to install."""
     import importlib
     try:
@@ -60,8 +60,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc: Optional[subprocess.Popen], what: str,
-                   log: Optional[str] = None, timeout: float = 30.0) -> None:
+def _wait_for_port(port: int, proc: subprocess.Popen | None, what: str,
+                   log: str | None = None, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -79,7 +79,7 @@ def _wait_for_port(port: int, proc: Optional[subprocess.Popen], what: str,
 
 # -- PostgreSQL -----------------------------------------------------------------------------
 
-def postgres_bindir() -> Optional[str]:
+def postgres_bindir() -> str | None:
     """The newest PostgreSQL server binaries: Debian's /usr/lib/postgresql/N/bin,
     else initdb on PATH."""
     def major(path: str) -> int:
@@ -136,7 +136,8 @@ def postgres_server() -> Iterator[str]:
         if started:
             subprocess.run(_as_server_user(
                 [os.path.join(bindir, "pg_ctl"), "-D", data, "-m", "immediate", "-w",
-                 "stop"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+                 "stop"]), check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=60)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -1,6 +1,7 @@
-"""socknotify_loop under the tools users pick loops with: uvicorn's --loop,
-pytest-asyncio's loop factories (and its older policy fixture), anyio's
-loop_factory. Each test skips only when that tool is not installed."""
+"""socknotify_loop under the tools users pick loops with: uvicorn's --loop
+(also under a few thousand requests), pytest-asyncio's loop factories (and
+its older policy fixture), anyio's loop_factory. Each test skips only when
+that tool is not installed (a failure when SOCKNOTIFY_REQUIRE_INTEGRATIONS=1)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +15,7 @@ import time
 import urllib.request
 
 import pytest
+from servers import need
 
 import socknotify_loop
 
@@ -85,7 +87,7 @@ def _uvicorn(tmp_path, app_source: str):
 
 
 def test_uvicorn_serves_on_our_loop(tmp_path):
-    pytest.importorskip("uvicorn")
+    need("uvicorn")
     with _uvicorn(tmp_path, ASGI_APP) as port:
         bodies = []
         for _ in range(5):
@@ -133,7 +135,7 @@ async def _http_get(reader, writer, path: str) -> bytes:
 def test_uvicorn_serves_thousands_of_requests(tmp_path):
     """3000 requests over 10 keep-alive connections, the client on our loop
     too; every response counted (the app numbers them 1..N)."""
-    pytest.importorskip("uvicorn")
+    need("uvicorn")
     total = UVICORN_CONNECTIONS * UVICORN_REQUESTS_EACH
 
     async def client(port):
@@ -170,7 +172,7 @@ PYTEST_ASYNCIO_TESTS = textwrap.dedent("""\
     @pytest.mark.asyncio
     async def test_loop_is_ours():
         loop = asyncio.get_running_loop()
-        assert f"{type(loop).__module__}.{type(loop).__qualname__}" == "%s"
+        assert f"{type(loop).__module__}.{type(loop).__qualname__}" == "OURS"
 
     @pytest.mark.asyncio
     async def test_streams_work():
@@ -186,7 +188,7 @@ PYTEST_ASYNCIO_TESTS = textwrap.dedent("""\
             assert await reader.readline() == b"ping\\n"
             writer.close()
             await writer.wait_closed()
-    """ % OURS)
+    """).replace('"OURS"', repr(OURS))
 
 HOOK_CONFTEST = textwrap.dedent("""\
     import socknotify_loop
@@ -209,11 +211,12 @@ def _run_pytest(directory) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
          "ignore::DeprecationWarning", str(directory)],
-        cwd=str(directory), env=_env(), capture_output=True, text=True, timeout=300)
+        check=False, cwd=str(directory), env=_env(), capture_output=True, text=True,
+        timeout=300)
 
 
 def _pytest_asyncio_version():
-    pytest_asyncio = pytest.importorskip("pytest_asyncio")
+    pytest_asyncio = need("pytest_asyncio", "pytest-asyncio")
     from importlib.metadata import version
     return tuple(int(part) for part in re.findall(r"\d+", version("pytest-asyncio"))[:2]), \
         pytest_asyncio
@@ -246,7 +249,7 @@ def test_pytest_asyncio_policy_fixture(tmp_path):
 # -- anyio ---------------------------------------------------------------------------------------
 
 def test_anyio_loop_factory():
-    anyio = pytest.importorskip("anyio")
+    anyio = need("anyio")
 
     async def main():
         import asyncio

@@ -12,8 +12,13 @@ import asyncio
 import sys
 
 import pytest
+import servers
+from servers import need, run_on_loop
 
-from servers import need, pg_dsn, redis_url, run_on_loop  # noqa: F401  (fixtures)
+# Session fixtures: a PostgreSQL and a redis-server started for this run, or
+# the addresses tools/wine.py (or the developer) put in the environment.
+pg_dsn = servers.pg_dsn
+redis_url = servers.redis_url
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -114,7 +119,7 @@ def test_psycopg_listen_notify(pg_dsn):
             async def send_later():
                 await asyncio.sleep(0.2)
                 for i in range(5, 10):
-                    await sender.execute("NOTIFY socknotify_events, 'event %s'" % i)
+                    await sender.execute(f"NOTIFY socknotify_events, 'event {i}'")
                     await asyncio.sleep(0.02)
 
             task = asyncio.ensure_future(send_later())

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from servers import need, run_on_loop, selector_threads
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -92,8 +91,8 @@ def test_pyzmq_req_rep_and_pub_sub():
 
 def test_tornado_http_server_and_client():
     need("tornado")
-    from tornado import httpclient, httpserver, ioloop, netutil, web
     import tornado.platform.asyncio as tornado_asyncio
+    from tornado import httpclient, httpserver, ioloop, netutil, web
 
     before = selector_threads()
 
@@ -159,7 +158,7 @@ def test_aiohttp_server_and_client():
         return ws
 
     async def main():
-        app = web.Application()
+        app = web.Application(client_max_size=8 * 1024 * 1024)
         app.add_routes([web.get("/", hello), web.post("/echo", echo),
                         web.get("/ws", websocket)])
         runner = web.AppRunner(app)
