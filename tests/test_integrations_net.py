@@ -199,7 +199,12 @@ for i in range(60):
 """
 
 
+IDLE_CONNECTIONS = 300  # 600 sockets in this process, with both ends
+
+
 def test_subprocess_streaming_beside_sockets():
+    """A child's stdout streamed through a pipe while 4 clients keep echoing
+    and 300 more connections (600 sockets: past select()'s 512) stay open."""
     async def main():
         async def echo(reader, writer):
             while True:
@@ -210,7 +215,7 @@ def test_subprocess_streaming_beside_sockets():
                 await writer.drain()
             writer.close()
 
-        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        server = await asyncio.start_server(echo, "127.0.0.1", 0, backlog=128)
         port = server.sockets[0].getsockname()[1]
         streaming = asyncio.Event()
         finished = asyncio.Event()
@@ -245,9 +250,28 @@ def test_subprocess_streaming_beside_sockets():
             await writer.wait_closed()
             return count
 
+        async def open_idle(count):
+            # More connections than select() could watch (512 sockets on
+            # Windows), held open across the child's run; opened in batches
+            # so the listen backlog never overflows.
+            idle = []
+            for first in range(0, count, 50):
+                idle += await asyncio.gather(*(
+                    asyncio.open_connection("127.0.0.1", port)
+                    for _ in range(first, min(count, first + 50))))
+            return idle
+
         async with server:
+            idle = await open_idle(IDLE_CONNECTIONS)
             start = time.monotonic()
             lines, *counts = await asyncio.gather(child(), *(client(k) for k in range(4)))
+            # Every idle connection is still served after the child's run.
+            for index, (reader, writer) in enumerate(idle):
+                writer.write(b"idle %d\n" % index)
+            for index, (reader, writer) in enumerate(idle):
+                assert await reader.readline() == b"idle %d\n" % index
+                writer.close()
+            await asyncio.gather(*(writer.wait_closed() for _, writer in idle))
         assert lines == [f"line {i}" for i in range(60)], lines
         assert all(count >= 20 for count in counts), counts
         # Socket round trips completed while the pipe was streaming.
