@@ -1,8 +1,11 @@
-"""socknotify_loop under the tools users pick loops with: uvicorn's --loop,
-pytest-asyncio's loop factories (and its older policy fixture), anyio's
-loop_factory. Each test skips only when that tool is not installed."""
+"""socknotify_loop under the tools users pick loops with: uvicorn's --loop
+(also under a few thousand requests), pytest-asyncio's loop factories (and
+its older policy fixture), anyio's loop_factory. Each test skips only when
+that tool is not installed (a failure when SOCKNOTIFY_REQUIRE_INTEGRATIONS=1)."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import subprocess
@@ -12,6 +15,7 @@ import time
 import urllib.request
 
 import pytest
+from servers import need
 
 import socknotify_loop
 
@@ -19,6 +23,9 @@ import socknotify_loop
 # tree here, the installed wheel under Wine).
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(socknotify_loop.__file__)))
 OURS = "socknotify_loop.loop.Loop"
+
+# Warnings are errors here, and in the uvicorn server (-W error).
+pytestmark = pytest.mark.filterwarnings("error")
 
 
 def _env() -> dict:
@@ -44,11 +51,13 @@ ASGI_APP = textwrap.dedent("""\
     """)
 
 
-def test_uvicorn_serves_on_our_loop(tmp_path):
-    pytest.importorskip("uvicorn")
-    (tmp_path / "tiny_app.py").write_text(ASGI_APP)
+@contextlib.contextmanager
+def _uvicorn(tmp_path, app_source: str):
+    """uvicorn serving ``app_source`` with ``--loop socknotify_loop:new_event_loop``
+    (warnings are errors in the server too); yields its port."""
+    (tmp_path / "tiny_app.py").write_text(app_source)
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tiny_app:app", "--host", "127.0.0.1",
+        [sys.executable, "-W", "error", "-m", "uvicorn", "tiny_app:app", "--host", "127.0.0.1",
          "--port", "0", "--loop", "socknotify_loop:new_event_loop", "--no-access-log"],
         cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
@@ -65,12 +74,7 @@ def test_uvicorn_serves_on_our_loop(tmp_path):
             if match:
                 port = int(match.group(1))
         assert port, "uvicorn did not start:\n" + "".join(log)
-        bodies = []
-        for _ in range(5):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
-                assert response.status == 200
-                bodies.append(response.read().decode())
-        assert bodies == [OURS] * 5
+        yield port
     finally:
         server.terminate()
         try:
@@ -82,6 +86,83 @@ def test_uvicorn_serves_on_our_loop(tmp_path):
             server.stdout.close()
 
 
+def test_uvicorn_serves_on_our_loop(tmp_path):
+    need("uvicorn")
+    with _uvicorn(tmp_path, ASGI_APP) as port:
+        bodies = []
+        for _ in range(5):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+                assert response.status == 200
+                bodies.append(response.read().decode())
+        assert bodies == [OURS] * 5
+
+
+COUNTING_APP = textwrap.dedent("""\
+    import asyncio
+
+    served = 0
+
+    async def app(scope, receive, send):
+        global served
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/loop":
+            loop = asyncio.get_running_loop()
+            body = f"{type(loop).__module__}.{type(loop).__qualname__}"
+        else:
+            served += 1
+            body = str(served)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body.encode()})
+    """)
+
+UVICORN_CONNECTIONS = 10
+UVICORN_REQUESTS_EACH = 300
+
+
+async def _http_get(reader, writer, path: str) -> bytes:
+    """One keep-alive HTTP/1.1 GET; returns the body (Content-Length framed)."""
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0]
+    assert status == b"HTTP/1.1 200 OK", head
+    length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))
+    return await reader.readexactly(length)
+
+
+def test_uvicorn_serves_thousands_of_requests(tmp_path):
+    """3000 requests over 10 keep-alive connections, the client on our loop
+    too; every response counted (the app numbers them 1..N)."""
+    need("uvicorn")
+    total = UVICORN_CONNECTIONS * UVICORN_REQUESTS_EACH
+
+    async def client(port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return [int(await _http_get(reader, writer, "/"))
+                    for _ in range(UVICORN_REQUESTS_EACH)]
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    async def main(port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert (await _http_get(reader, writer, "/loop")).decode() == OURS
+        writer.close()
+        await writer.wait_closed()
+        results = await asyncio.gather(*(client(port) for _ in range(UVICORN_CONNECTIONS)))
+        return [n for numbers in results for n in numbers]
+
+    with _uvicorn(tmp_path, COUNTING_APP) as port:
+        start = time.monotonic()
+        numbers = socknotify_loop.run(asyncio.wait_for(main(port), 240))
+        elapsed = time.monotonic() - start
+    assert len(numbers) == total
+    assert sorted(numbers) == list(range(1, total + 1)), f"{elapsed:.1f} s"
+
+
 # -- pytest-asyncio -------------------------------------------------------------------------
 
 PYTEST_ASYNCIO_TESTS = textwrap.dedent("""\
@@ -91,7 +172,7 @@ PYTEST_ASYNCIO_TESTS = textwrap.dedent("""\
     @pytest.mark.asyncio
     async def test_loop_is_ours():
         loop = asyncio.get_running_loop()
-        assert f"{type(loop).__module__}.{type(loop).__qualname__}" == "%s"
+        assert f"{type(loop).__module__}.{type(loop).__qualname__}" == "OURS"
 
     @pytest.mark.asyncio
     async def test_streams_work():
@@ -107,7 +188,7 @@ PYTEST_ASYNCIO_TESTS = textwrap.dedent("""\
             assert await reader.readline() == b"ping\\n"
             writer.close()
             await writer.wait_closed()
-    """ % OURS)
+    """).replace('"OURS"', repr(OURS))
 
 HOOK_CONFTEST = textwrap.dedent("""\
     import socknotify_loop
@@ -130,11 +211,12 @@ def _run_pytest(directory) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
          "ignore::DeprecationWarning", str(directory)],
-        cwd=str(directory), env=_env(), capture_output=True, text=True, timeout=300)
+        check=False, cwd=str(directory), env=_env(), capture_output=True, text=True,
+        timeout=300)
 
 
 def _pytest_asyncio_version():
-    pytest_asyncio = pytest.importorskip("pytest_asyncio")
+    pytest_asyncio = need("pytest_asyncio", "pytest-asyncio")
     from importlib.metadata import version
     return tuple(int(part) for part in re.findall(r"\d+", version("pytest-asyncio"))[:2]), \
         pytest_asyncio
@@ -167,7 +249,7 @@ def test_pytest_asyncio_policy_fixture(tmp_path):
 # -- anyio ---------------------------------------------------------------------------------------
 
 def test_anyio_loop_factory():
-    anyio = pytest.importorskip("anyio")
+    anyio = need("anyio")
 
     async def main():
         import asyncio

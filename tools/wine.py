@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import csv
 import hashlib
 import io
@@ -286,6 +287,34 @@ def pip_for_windows(version: str, args) -> None:
          "--only-binary=:all:", *args])
 
 
+@contextlib.contextmanager
+def integration_servers():
+    """Start PostgreSQL and Redis on the Linux side for the Windows integration
+    tests, which reach them on 127.0.0.1 through SOCKNOTIFY_TEST_PG_DSN and
+    SOCKNOTIFY_TEST_REDIS_URL (an address already set is used as is). Without
+    a server binary that server is not started and its tests say so (they
+    fail when SOCKNOTIFY_REQUIRE_INTEGRATIONS=1)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    try:
+        import servers  # tests/servers.py: the same helper the Linux tests use
+    finally:
+        sys.path.pop(0)
+    with contextlib.ExitStack() as stack:
+        for variable, start in ((servers.PG_DSN_VAR, servers.postgres_server),
+                                (servers.REDIS_URL_VAR, servers.redis_server)):
+            if os.environ.get(variable):
+                continue
+            try:
+                address = stack.enter_context(start())
+            except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+                log(f"{variable}: server not started: {exc}")
+                continue
+            log(f"{variable}={address}")
+            os.environ[variable] = address
+            stack.callback(os.environ.pop, variable, None)
+        yield
+
+
 def cmd_test(version: str, wheel: str, pytest_args) -> int:
     requirements = os.path.join(ROOT, "tests", "requirements-windows.txt")
     pip_for_windows(version, ["-r", requirements] if os.path.exists(requirements)
@@ -295,7 +324,11 @@ def cmd_test(version: str, wheel: str, pytest_args) -> int:
     # is what gets imported.
     rundir = os.path.join(CACHE, "run")
     os.makedirs(rundir, exist_ok=True)
-    args = list(pytest_args)
+    # Test paths given relative to the project (tests/x.py) are resolved
+    # there, not in the run folder.
+    args = [windows_path(os.path.join(ROOT, arg))
+            if not arg.startswith("-") and os.path.exists(os.path.join(ROOT, arg.split("::")[0]))
+            and not os.path.isabs(arg) else arg for arg in pytest_args]
     tests = os.path.join(ROOT, "tests")
     if any(arg.startswith(("Z:", "tests")) or arg.endswith(".py") for arg in args):
         runs = [args]
@@ -305,6 +338,13 @@ def cmd_test(version: str, wheel: str, pytest_args) -> int:
         runs = [args + ["--ignore=" + windows_path(os.path.join(tests, "conformance")),
                         windows_path(tests)],
                 args + [windows_path(os.path.join(tests, "conformance"))]]
+    with integration_servers():
+        status = _run_windows_pytest(version, runs, rundir)
+    stop_wineserver(version)
+    return status
+
+
+def _run_windows_pytest(version: str, runs, rundir: str) -> int:
     status = 0
     for run_args in runs:
         start = time.monotonic()
@@ -314,7 +354,6 @@ def cmd_test(version: str, wheel: str, pytest_args) -> int:
         log(f"pytest under Wine (Python {version}) exited {proc.returncode} "
             f"after {time.monotonic() - start:.0f} s")
         status = status or proc.returncode
-    stop_wineserver(version)
     return status
 
 

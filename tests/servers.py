@@ -1,0 +1,257 @@
+"""Throwaway PostgreSQL and Redis servers for the integration tests.
+
+Used three ways:
+
+* the Linux tests' fixtures (``pg_dsn``, ``redis_url``) start a server per
+  test session on 127.0.0.1 and stop it afterwards;
+* ``tools/wine.py`` starts PostgreSQL on the Linux side before it runs the
+  Windows pytest under Wine, and passes the address down in
+  ``SOCKNOTIFY_TEST_PG_DSN`` (the Windows Python reaches it through loopback);
+* on any machine, an address already in ``SOCKNOTIFY_TEST_PG_DSN`` or
+  ``SOCKNOTIFY_TEST_REDIS_URL`` is used as is and nothing is started.
+
+A missing server binary or library skips the test with the reason, except
+when ``SOCKNOTIFY_REQUIRE_INTEGRATIONS=1`` (set by CI): then it fails, so CI
+can never pass by skipping.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+PG_DSN_VAR = "SOCKNOTIFY_TEST_PG_DSN"
+REDIS_URL_VAR = "SOCKNOTIFY_TEST_REDIS_URL"
+REQUIRE_VAR = "SOCKNOTIFY_REQUIRE_INTEGRATIONS"
+
+
+def _no_wmi_under_wine() -> None:
+    """Python 3.13's platform module asks WMI first (platform.uname(), which
+    asyncpg and others call at import); under Wine 8 that reaches
+    propsys.VariantToString, an unimplemented stub that aborts the process.
+    Without the _wmi module, platform falls back to sys.getwindowsversion()
+    and "ver", so the libraries import. Only the Wine test process is changed."""
+    if sys.platform != "win32":
+        return
+    from _platform import running_under_wine
+    if running_under_wine():
+        import platform
+        platform._wmi = None
+
+
+_no_wmi_under_wine()
+
+
+def integrations_required() -> bool:
+    return os.environ.get(REQUIRE_VAR, "") not in ("", "0")
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip the current test, or fail it when CI requires the integrations."""
+    import pytest
+    if integrations_required():
+        pytest.fail(f"{reason} (and {REQUIRE_VAR}=1 forbids skipping)", pytrace=False)
+    pytest.skip(reason)
+
+
+def need(module: str, package: str | None = None):
+    """Import a library a test needs, or skip/fail saying which to install."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        skip_or_fail(f"{package or module} is not installed ({exc}); "
+                     "pip install -r tests/requirements.txt")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen | None, what: str,
+                   log: str | None = None, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            break
+        with contextlib.suppress(OSError), \
+                socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.05)
+    detail = ""
+    if log and os.path.exists(log):
+        with open(log, encoding="utf-8", errors="replace") as f:
+            detail = "\n" + f.read()[-2000:]
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port}{detail}")
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------
+
+def postgres_bindir() -> str | None:
+    """The newest PostgreSQL server binaries: Debian's /usr/lib/postgresql/N/bin,
+    else initdb on PATH."""
+    def major(path: str) -> int:
+        digits = path.split(os.sep)[-3]
+        return int(digits) if digits.isdigit() else 0
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=major)
+    if found:
+        return os.path.dirname(found[-1])
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+def _as_server_user(cmd: list) -> list:
+    """PostgreSQL refuses to run as root: run it as the `postgres` account."""
+    if sys.platform == "win32" or os.geteuid() != 0:
+        return cmd
+    return ["runuser", "-u", "postgres", "--", *cmd]
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 with trust auth; yields its DSN."""
+    bindir = postgres_bindir()
+    if bindir is None:
+        raise FileNotFoundError("PostgreSQL server binaries (initdb, pg_ctl) not found; "
+                                "apt-get install postgresql")
+    if sys.platform != "win32" and os.geteuid() == 0 and not shutil.which("runuser"):
+        raise FileNotFoundError("running as root needs runuser to start PostgreSQL")
+    # Not pytest's tmp_path: that is private to root, and the server runs as postgres.
+    base = tempfile.mkdtemp(prefix="socknotify-pg-")
+    data = os.path.join(base, "data")
+    log = os.path.join(base, "server.log")
+    if sys.platform != "win32" and os.geteuid() == 0:
+        shutil.chown(base, "postgres", "postgres")
+    port = free_port()
+    started = False
+    try:
+        subprocess.run(_as_server_user(
+            [os.path.join(bindir, "initdb"), "-D", data, "-U", "postgres", "-A", "trust",
+             "-E", "UTF8", "--locale=C", "--no-sync"]),
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+        # fsync off: a test cluster never needs to survive a crash.
+        options = (f"-p {port} -c listen_addresses=127.0.0.1 -k {base} "
+                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                   "-c max_connections=40")
+        subprocess.run(_as_server_user(
+            [os.path.join(bindir, "pg_ctl"), "-D", data, "-l", log, "-w", "-t", "60",
+             "-o", options, "start"]),
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=90)
+        started = True
+        _wait_for_port(port, None, "PostgreSQL", log)
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        if started:
+            subprocess.run(_as_server_user(
+                [os.path.join(bindir, "pg_ctl"), "-D", data, "-m", "immediate", "-w",
+                 "stop"]), check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- Redis ----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server on 127.0.0.1, no persistence; yields its URL."""
+    binary = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+    if binary is None:
+        raise FileNotFoundError("redis-server not found; apt-get install redis-server")
+    base = tempfile.mkdtemp(prefix="socknotify-redis-")
+    log = os.path.join(base, "server.log")
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", base, "--daemonize", "no"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_port(port, proc, "redis-server", log)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- pytest fixtures (import them into a test module to use them) ----------------------------
+
+def _server_fixture(variable: str, start, what: str):
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def fixture():
+        if os.environ.get(variable):
+            yield os.environ[variable]
+            return
+        if sys.platform == "win32":
+            # Under Wine the server runs on the Linux side: tools/wine.py starts it.
+            skip_or_fail(f"{what}: no server address in {variable} "
+                         "(tools/wine.py sets it when it can start one on Linux)")
+        try:
+            server = start()
+            address = server.__enter__()
+        except (FileNotFoundError, subprocess.CalledProcessError, RuntimeError) as exc:
+            detail = getattr(exc, "stderr", None) or b""
+            skip_or_fail(f"{what} could not be started: {exc} "
+                         f"{detail.decode(errors='replace') if detail else ''}".strip())
+        try:
+            yield address
+        finally:
+            server.__exit__(None, None, None)
+    return fixture
+
+
+def _pg_fixture():
+    return _server_fixture(PG_DSN_VAR, postgres_server, "PostgreSQL")
+
+
+def _redis_fixture():
+    return _server_fixture(REDIS_URL_VAR, redis_server, "Redis")
+
+
+try:
+    import pytest as _pytest  # noqa: F401
+except ImportError:  # used by tools/wine.py with the Linux Python, which may lack pytest
+    pass
+else:
+    pg_dsn = _pg_fixture()
+    redis_url = _redis_fixture()
+
+
+# -- running a coroutine on our loop ---------------------------------------------------------
+
+def run_on_loop(main, timeout: float = 120.0):
+    """Run ``main()`` on a fresh socknotify_loop Loop (checking that the loop in
+    use is ours), bounded by ``timeout`` seconds."""
+    import asyncio
+
+    import socknotify_loop
+
+    async def checked():
+        loop = asyncio.get_running_loop()
+        assert type(loop) is socknotify_loop.Loop, type(loop)
+        return await asyncio.wait_for(main(), timeout)
+
+    return socknotify_loop.run(checked())
+
+
+def selector_threads() -> list:
+    """Threads started by the selector-thread fallbacks pyzmq and tornado use on
+    ProactorEventLoop (tornado names its thread "Tornado selector")."""
+    import threading
+    return [t.name for t in threading.enumerate() if "selector" in t.name.lower()]
