@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
-from ._socknotify import ffi, lib
+from ._core_import import ffi, lib
 
 __all__ = [
     "Port", "Registration", "backend_info", "available_backends",
