@@ -35,8 +35,10 @@ def import_copy_without_core(tmp_path, source_tree: bool) -> subprocess.Complete
     """Import a copy of the package that lacks the compiled module, from
     its parent folder (what `python -m` does in a fresh checkout)."""
     copy = tmp_path / "socknotify_loop"
-    shutil.copytree(PACKAGE_DIR, str(copy), ignore=shutil.ignore_patterns(
-        "_socknotify*", "__pycache__"))
+    # copyfile, not copytree's default copy2: on Windows 3.12+ copy2 calls
+    # CopyFile2, which Wine 8 lacks (the process aborts).
+    shutil.copytree(PACKAGE_DIR, str(copy), copy_function=shutil.copyfile,
+                    ignore=shutil.ignore_patterns("_socknotify*", "__pycache__"))
     if source_tree:
         (tmp_path / "pyproject.toml").write_text("")
     # -S: no site-packages, so neither an installed copy nor the finder of

@@ -331,6 +331,14 @@ def pip_for_windows(version: str, args) -> None:
          "--only-binary=:all:", *args])
 
 
+def finished_pytest(output: str) -> bool:
+    """True if pytest's output ends with its summary ("3 passed in 1.2s")."""
+    tail = [line for line in output.splitlines() if line.strip()][-3:]
+    summary = re.compile(r"(\d+ (passed|failed|skipped|errors?|deselected)|no tests ran)"
+                         r".* in [\d.]+s")
+    return any(summary.search(line) for line in tail)
+
+
 def cmd_test(version: str, wheel: str, pytest_args) -> int:
     requirements = os.path.join(ROOT, "tests", "requirements-windows.txt")
     pip_for_windows(version, ["-r", requirements] if os.path.exists(requirements)
@@ -358,7 +366,14 @@ def cmd_test(version: str, wheel: str, pytest_args) -> int:
                            check=False, cwd=rundir)
         log(f"pytest under Wine (Python {version}) exited {proc.returncode} "
             f"after {time.monotonic() - start:.0f} s")
-        status = status or proc.returncode
+        returncode = proc.returncode
+        if returncode == 0 and not finished_pytest(proc.stdout.decode("utf-8", "replace")):
+            # A Windows process that calls a function Wine does not
+            # implement is ended with exit status 0: without pytest's
+            # closing summary line, the run did not finish.
+            log("pytest printed no summary line: the process ended early (see above)")
+            returncode = 1
+        status = status or returncode
     stop_wineserver(version)
     return status
 
