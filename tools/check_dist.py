@@ -84,8 +84,10 @@ def check_wheel(wheel: str, version: str) -> None:
     expected_prefix = f"socknotify_loop-{version}-"
     if not name.startswith(expected_prefix):
         fail(f"{name}: expected {expected_prefix}*")
+    # The builds setup.py tags cp39-abi3 (not PyPy, free-threaded or debug).
     limited_api = (platform.python_implementation() == "CPython"
-                   and not sysconfig.get_config_var("Py_GIL_DISABLED"))
+                   and not sysconfig.get_config_var("Py_GIL_DISABLED")
+                   and not hasattr(sys, "gettotalrefcount"))
     if limited_api and "-cp39-abi3-" not in name:
         fail(f"{name}: a CPython wheel must be tagged cp39-abi3")
     with zipfile.ZipFile(wheel) as zf:
