@@ -27,7 +27,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import time
 import zipfile
