@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict
+from typing import Dict, Optional
 
 import matplotlib
 
@@ -24,10 +24,27 @@ SHORT_CASES = {
 }
 for _n in IDLE_SIZES:
     SHORT_CASES[f"idle_{_n}"] = f"idle {_n}"
+FAILED_STYLE = {"marker": "x", "linestyle": "none", "markersize": 9, "markeredgewidth": 2,
+                "clip_on": False, "zorder": 5}
 
 
-def _ratios_to(section: dict, reference: str):
-    """{loop: {case: (median, min, max)}} of loop/reference, paired per round."""
+def _mark_failed(ax, x: float, colour) -> None:
+    """A loop that failed a case: an x on the axis and the word, where its
+    bar would be, so a failure is not mistaken for a missing loop."""
+    ax.plot([x], [0], color=colour, **FAILED_STYLE)
+    ax.annotate("failed", (x, 0), textcoords="offset points", xytext=(0, 8),
+                rotation=90, ha="center", va="bottom", fontsize=7, color=colour)
+
+
+def _failed_handle(colour="black"):
+    """The legend entry explaining the x."""
+    from matplotlib.lines import Line2D
+    return Line2D([], [], color=colour, label="failed", **FAILED_STYLE)
+
+
+def _ratios_to(section: dict, reference: str, failures: Optional[dict] = None):
+    """{loop: {case: (median, min, max)}} of loop/reference, paired per round;
+    ``failures`` receives {loop: {case, ...}} of the cases a loop failed."""
     summary = next(iter(section["summary"].values()))
     out: Dict[str, dict] = {}
     for case in TIMED_CASES:
@@ -36,6 +53,8 @@ def _ratios_to(section: dict, reference: str):
             continue
         ref_rounds = entry["loops"][reference]["per_round"]
         for loop, cell in entry["loops"].items():
+            if cell.get("error") and not cell.get("per_round") and failures is not None:
+                failures.setdefault(loop, set()).add(case)
             ratios = [v / ref_rounds[r] for r, v in cell["per_round"].items()
                       if r in ref_rounds and ref_rounds[r] > 0]
             if ratios:
@@ -48,30 +67,43 @@ def _ratios_to(section: dict, reference: str):
 
 
 def ratio_plot(section: dict, reference: str, title: str, path: str) -> bool:
-    data = _ratios_to(section, reference)
+    failures: Dict[str, set] = {}
+    data = _ratios_to(section, reference, failures)
     cases = [c for c in TIMED_CASES if any(c in v for v in data.values())]
-    loops = [name for name in section["usable"] if name in data]
-    if not loops:
+    loops = [name for name in section["usable"] if name in data or name in failures]
+    if not data:
         return False
+    from matplotlib.patches import Patch
     fig, ax = plt.subplots(figsize=(12, 4.5))
     width = 0.8 / max(len(loops), 1)
+    handles = []
     for i, loop in enumerate(loops):
+        colour = f"C{i % 10}"
+        edge = "black" if loop.startswith("socknotify") else None
         xs, ys, lo, hi = [], [], [], []
         for j, case in enumerate(cases):
-            if case in data[loop]:
+            x = j + (i - (len(loops) - 1) / 2) * width
+            if case in data.get(loop, {}):
                 med, mn, mx = data[loop][case]
-                xs.append(j + (i - (len(loops) - 1) / 2) * width)
+                xs.append(x)
                 ys.append(med)
                 lo.append(med - mn)
                 hi.append(mx - med)
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=LABELS.get(loop, loop),
-               edgecolor="black" if loop.startswith("socknotify") else None, linewidth=1.2)
+            elif case in failures.get(loop, ()):
+                _mark_failed(ax, x, colour)
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colour, edgecolor=edge,
+               linewidth=1.2)
+        # Drawn by hand: a loop that failed every case has no bar to show.
+        handles.append(Patch(facecolor=colour, edgecolor=edge, linewidth=1.2,
+                             label=LABELS.get(loop, loop)))
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(cases)))
     ax.set_xticklabels([SHORT_CASES.get(c, c) for c in cases])
     ax.set_ylabel(f"rate / {LABELS.get(reference, reference)} (same round)")
     ax.set_title(title)
-    ax.legend(ncol=len(loops), fontsize=8, loc="upper left")
+    if failures:
+        handles.append(_failed_handle())
+    ax.legend(handles=handles, ncol=len(handles), fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -96,14 +128,13 @@ def idle_plot(results: dict, path: str) -> bool:
             failed = [n for n in IDLE_SIZES
                       if (summary.get(f"idle_{n}", {}).get("loops", {}).get(loop) or {})
                       .get("error") and n not in xs]
-            if xs:
+            if xs or failed:
                 drew = True
                 line, = ax.plot(xs, ys, marker="o", label=LABELS.get(loop, loop),
                                 linewidth=2.5 if loop.startswith("socknotify") else 1.2)
                 # A loop that failed at a size (select()'s 512) gets an x on the axis.
                 if failed:
-                    ax.plot(failed, [0] * len(failed), marker="x", linestyle="none",
-                            markersize=10, color=line.get_color(), clip_on=False)
+                    ax.plot(failed, [0] * len(failed), color=line.get_color(), **FAILED_STYLE)
                     ax.annotate(f"{LABELS.get(loop, loop)} failed", (failed[0], 0),
                                 textcoords="offset points", xytext=(5, 8), fontsize=7,
                                 color=line.get_color())
@@ -135,23 +166,43 @@ def syscall_plot(section: dict, path: str) -> bool:
                     names.append(name)
     colours = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names + ["other"])}
     fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4), squeeze=False)
+    legend: Dict[str, object] = {}
+    any_failed = False
     for ax, case in zip(axes[0], cases):
-        loops = [n for n, r in data[case].items() if "calls" in r]
-        bottom = [0.0] * len(loops)
+        # Every loop measured, in the order recorded; one that failed keeps
+        # its slot, marked, rather than vanishing from the panel.
+        loops = [n for n, r in data[case].items() if "calls" in r or r.get("error")]
+        measured = [n for n in loops if "calls" in data[case][n]]
+        ax.set_xticks(range(len(loops)))
+        ax.set_xticklabels([LABELS.get(n, n) for n in loops])
+        xs = [loops.index(n) for n in measured]
+        bottom = [0.0] * len(measured)
         for name in names + ["other"]:
             heights = []
-            for loop in loops:
+            for loop in measured:
                 calls = data[case][loop]["calls"]
                 heights.append(sum(v for k, v in calls.items() if k not in names)
                                if name == "other" else calls.get(name, 0.0))
             if any(heights):
-                ax.bar([LABELS.get(n, n) for n in loops], heights, bottom=bottom, label=name,
-                       color=colours[name])
+                legend[name] = ax.bar(xs, heights, bottom=bottom, label=name,
+                                      color=colours[name])
             bottom = [b + h for b, h in zip(bottom, heights)]
+        for x, loop in enumerate(loops):
+            if loop not in measured:
+                _mark_failed(ax, x, "black")
+                any_failed = True
+        ax.set_xlim(-0.6, len(loops) - 0.4)
         ax.set_title(f"{SHORT_CASES.get(case, case)}: system calls per 1000 round trips")
-        ax.legend(fontsize=7, loc="upper left")
+    # One legend for both panels, outside them: inside, it covered bars.
+    ordered = [name for name in names + ["other"] if name in legend]
+    handles = [legend[name] for name in ordered]
+    if any_failed:
+        handles.append(_failed_handle())
+        ordered.append("failed")
+    fig.legend(handles, ordered, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5),
+               title="system call")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -162,11 +213,29 @@ def memory_plot(results: dict, path: str) -> bool:
         return False
     fig, axes = plt.subplots(1, len(sections), figsize=(6 * len(sections), 4), squeeze=False)
     for ax, (name, section) in zip(axes[0], sections):
-        records = [r for r in section["memory"] if r.get("case") == "memory_streams" and "value" in r]
-        ax.bar([LABELS.get(r["loop"], r["loop"]) for r in records],
-               [r["value"] / 1024 for r in records])
-        ax.set_ylabel("KiB per idle connection (RSS)")
-        ax.set_title(("Linux" if name == "linux" else "Wine") + ": asyncio streams / trio streams")
+        failed_any = False
+        # Every loop measured; one that failed keeps its slot, marked.
+        records = [r for r in section["memory"] if r.get("case") == "memory_streams"
+                   and (r.get("value") is not None or r.get("error"))]
+        xs = range(len(records))
+        ax.bar([x for x, r in zip(xs, records) if r.get("value") is not None],
+               [r["value"] / 1024 for r in records if r.get("value") is not None],
+               color=["C1" if r["loop"].startswith("socknotify") else "C0"
+                      for r in records if r.get("value") is not None])
+        for x, r in zip(xs, records):
+            if r.get("value") is None:
+                _mark_failed(ax, x, "black")
+                failed_any = True
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([LABELS.get(r["loop"], r["loop"]) for r in records])
+        ax.set_xlim(-0.6, len(records) - 0.4)
+        ax.set_ylabel("KiB per idle connection")
+        ax.set_title(("Linux" if name == "linux" else "Wine")
+                     + ": RSS per idle connection (KiB), lower is better\n"
+                     "(idle TCP connections held open by streams: asyncio's, trio's for trio)",
+                     fontsize=10)
+        if failed_any:
+            ax.legend(handles=[_failed_handle()], fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

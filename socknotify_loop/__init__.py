@@ -22,6 +22,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, TypeVar
 
+from ._version import __version__
 from .port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_OUT, EVENT_REMOVE,
                    OP_DISABLE, OP_ENABLE, OP_NONE, OP_REMOVE, TRIGGER_EDGE,
                    TRIGGER_LEVEL, TRIGGER_ONESHOT, TRIGGER_PERSISTENT, Port,
@@ -32,8 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
 
     from .loop import Loop
     from .selector import NotifySelector
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Loop", "new_event_loop", "run", "NotifySelector", "Port", "Registration",

@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from ._socknotify import ffi, lib
+from ._core_import import ffi, lib
 
 __all__ = [
     "Port", "Registration", "Change", "backend_info", "available_backends",

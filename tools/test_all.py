@@ -4,7 +4,7 @@
 Installs tox if it is missing, makes the pyenv Pythons 3.9-3.13 visible to it
 (PYENV_VERSION lists every installed one, so the shims resolve python3.X),
 then runs tox's whole envlist: Linux tests on each Python, the sanitizer run,
-and the Wine suites (which install Wine, mingw-w64 and the Windows Pythons
+the sdist-to-wheel check, and the Wine suites (which install Wine, mingw-w64 and the Windows Pythons
 themselves). Exits with tox's status.
 """
 import os

@@ -3,7 +3,7 @@
 Windows CPython under Wine, on a Linux machine that has none of it yet.
 
     python tools/wine.py setup  --py 3.11   # apt packages, Windows Python, Wine prefix
-    python tools/wine.py wheel  --py 3.11   # dist/socknotify_loop-*-cp311-cp311-win_amd64.whl
+    python tools/wine.py wheel  --py 3.11   # dist/socknotify_loop-*-cp39-abi3-win_amd64.whl
     python tools/wine.py test   --py 3.11 [-- pytest args]  # install wheel + deps, run pytest
     python tools/wine.py all    --py 3.11 [-- pytest args]  # the three in order
 
@@ -17,16 +17,17 @@ pyenv Python for the conformance suites.
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import contextlib
 import csv
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import time
 import zipfile
@@ -43,6 +44,10 @@ WINDOWS_PYTHONS = {
 }
 APT_PACKAGES = ["wine64", "gcc-mingw-w64-x86-64"]
 MINGW_CC = "x86_64-w64-mingw32-gcc"
+# The core is compiled against the limited API and linked with python3.dll,
+# like the Linux wheel (_build.py, setup.py): one wheel for every Windows
+# CPython from 3.9 on.
+WHEEL_TAG = "cp39-abi3-win_amd64"
 TEST_REQUIREMENTS = ["cffi", "pytest", "pytest-timeout"]
 
 
@@ -167,14 +172,38 @@ def cmd_setup(version: str) -> None:
 # -- wheel -------------------------------------------------------------------
 
 def package_version() -> str:
+    """The version in socknotify_loop/_version.py (the only place it is
+    written), read without importing the package."""
+    path = os.path.join(ROOT, "socknotify_loop", "_version.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                getattr(target, "id", None) == "__version__" for target in node.targets):
+            return ast.literal_eval(node.value)
+    raise SystemExit(f"{path} sets no __version__")
+
+
+def project_table() -> dict:
+    """pyproject.toml's [project] table: name, description, dependencies..."""
+    path = os.path.join(ROOT, "pyproject.toml")
     try:
         import tomllib  # type: ignore[import-not-found]
-        with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-            return tomllib.load(f)["project"]["version"]
-    except ImportError:
-        import re
-        with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
-            return re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M).group(1)
+    except ImportError:  # Python < 3.11: the few plain keys this script needs
+        with open(path, encoding="utf-8") as f:
+            text = f.read().split("[project]", 1)[1].split("\n[", 1)[0]
+        table = {key: ast.literal_eval(value) for key, value in re.findall(
+            r'^(name|description|requires-python|license)\s*=\s*(".*")\s*$', text, re.MULTILINE)}
+        table.update((key, ast.literal_eval(value)) for key, value in re.findall(
+            r"^(dependencies|license-files)\s*=\s*(\[[^\]]*\])", text, re.MULTILINE))
+        return table
+    with open(path, "rb") as f:
+        return tomllib.load(f)["project"]
+
+
+def wheel_name() -> str:
+    name = project_table()["name"].replace("-", "_")
+    return f"{name}-{package_version()}-{WHEEL_TAG}.whl"
 
 
 def compile_extension(version: str, workdir: str) -> str:
@@ -187,8 +216,7 @@ def compile_extension(version: str, workdir: str) -> str:
     builder = _build.make_builder(target_windows=True)
     generated = os.path.join(workdir, "_socknotify.c")
     builder.emit_c_code(generated)
-    tag = WINDOWS_PYTHONS[version][1]
-    pyd = os.path.join(workdir, f"_socknotify.{tag}-win_amd64.pyd")
+    pyd = os.path.join(workdir, "_socknotify.pyd")   # the limited-API name
     pydir = python_dir(version)
     sources = [os.path.join(CORE, name) for name in _build.SOURCES]
     libs = [f"-l{name}" for name in _build.windows_libraries()]
@@ -198,10 +226,12 @@ def compile_extension(version: str, workdir: str) -> str:
         knows_mingw = "__MINGW32__" in f.read()
     cmd = [MINGW_CC, "-O2", "-shared", "-Wall", "-Werror",
            "-Wno-unused-parameter",  # in cffi's generated module, not ours
-           *([] if knows_mingw else ["-DMS_WIN64"]), "-D_CFFI_NO_LIMITED_API",
+           # cffi's generated code defines Py_LIMITED_API itself (abi3).
+           *([] if knows_mingw else ["-DMS_WIN64"]),
            "-I", os.path.join(pydir, "include"), "-I", CORE,
            generated, *sources, "-o", pyd,
-           "-L", pydir, f"-lpython{tag[2:]}", *libs,
+           # python3.dll: the stable-ABI DLL every Windows CPython 3 ships.
+           "-L", pydir, "-lpython3", *libs,
            "-static-libgcc"]
     run(cmd)
     return pyd
@@ -216,7 +246,11 @@ def cmd_wheel(version: str) -> str:
     ensure_apt_packages()
     ensure_windows_python(version)
     tag = WINDOWS_PYTHONS[version][1]
+    project = project_table()
+    name = project["name"]
     pkg_version = package_version()
+    # One build folder per Windows Python (whose headers it compiles with):
+    # runs for two versions may overlap.
     workdir = os.path.join(CACHE, f"build-{tag}")
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
@@ -225,9 +259,10 @@ def cmd_wheel(version: str) -> str:
     files = {}
     package_dir = os.path.join(ROOT, "socknotify_loop")
     for dirpath, dirnames, filenames in os.walk(package_dir):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        # As in the Linux wheel: no C sources (_core/) and no cffi builder.
+        dirnames[:] = [d for d in dirnames if d not in ("__pycache__", "_core")]
         for filename in filenames:
-            if filename.endswith((".so", ".pyd", ".pyc")):
+            if filename.endswith((".so", ".pyd", ".pyc")) or filename == "_build.py":
                 continue
             path = os.path.join(dirpath, filename)
             arcname = os.path.relpath(path, ROOT).replace(os.sep, "/")
@@ -236,34 +271,43 @@ def cmd_wheel(version: str) -> str:
     with open(pyd, "rb") as f:
         files[f"socknotify_loop/{os.path.basename(pyd)}"] = f.read()
 
-    dist_info = f"socknotify_loop-{pkg_version}.dist-info"
-    files[f"{dist_info}/METADATA"] = (
-        "Metadata-Version: 2.1\n"
-        "Name: socknotify_loop\n"
-        f"Version: {pkg_version}\n"
-        "Summary: asyncio event loop on Winsock socket state notifications\n"
-        "Requires-Python: >=3.9\n"
-        "Requires-Dist: cffi>=1.15\n"
-    ).encode()
+    # Name, version and the rest from pyproject.toml and _version.py, the
+    # sources the setuptools build reads too.
+    dist_info = f"{name.replace('-', '_')}-{pkg_version}.dist-info"
+    metadata = ["Metadata-Version: 2.4", f"Name: {name}", f"Version: {pkg_version}",
+                f"Summary: {project['description']}"]
+    if isinstance(project.get("license"), str):
+        metadata.append(f"License-Expression: {project['license']}")
+    for license_file in project.get("license-files", []):
+        metadata.append(f"License-File: {license_file}")
+        with open(os.path.join(ROOT, license_file), "rb") as f:
+            files[f"{dist_info}/licenses/{license_file}"] = f.read()
+    metadata.append(f"Requires-Python: {project['requires-python']}")
+    metadata += [f"Requires-Dist: {requirement}" for requirement in project["dependencies"]]
+    files[f"{dist_info}/METADATA"] = ("\n".join(metadata) + "\n").encode()
     files[f"{dist_info}/WHEEL"] = (
         "Wheel-Version: 1.0\n"
         "Generator: socknotify_loop tools/wine.py\n"
         "Root-Is-Purelib: false\n"
-        f"Tag: {tag}-{tag}-win_amd64\n"
+        f"Tag: {WHEEL_TAG}\n"
     ).encode()
     files[f"{dist_info}/top_level.txt"] = b"socknotify_loop\n"
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
-    for name, data in files.items():
-        writer.writerow(record_line(name, data))
+    for arcname, data in files.items():
+        writer.writerow(record_line(arcname, data))
     writer.writerow([f"{dist_info}/RECORD", "", ""])
     files[f"{dist_info}/RECORD"] = record.getvalue().encode()
 
     os.makedirs(DIST, exist_ok=True)
-    wheel = os.path.join(DIST, f"socknotify_loop-{pkg_version}-{tag}-{tag}-win_amd64.whl")
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
+    wheel = os.path.join(DIST, wheel_name())
+    # Written aside and renamed: both Windows Pythons' runs write this one
+    # file and may overlap; a reader never sees it half written.
+    partial = f"{wheel}.{tag}.part"
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
+        for arcname, data in files.items():
+            zf.writestr(arcname, data)
+    os.replace(partial, wheel)
     log(f"wrote {wheel}")
     return wheel
 
@@ -315,6 +359,14 @@ def integration_servers():
         yield
 
 
+def finished_pytest(output: str) -> bool:
+    """True if pytest's output ends with its summary ("3 passed in 1.2s")."""
+    tail = [line for line in output.splitlines() if line.strip()][-3:]
+    summary = re.compile(r"(\d+ (passed|failed|skipped|errors?|deselected)|no tests ran)"
+                         r".* in [\d.]+s")
+    return any(summary.search(line) for line in tail)
+
+
 def cmd_test(version: str, wheel: str, pytest_args) -> int:
     requirements = os.path.join(ROOT, "tests", "requirements-windows.txt")
     pip_for_windows(version, ["-r", requirements] if os.path.exists(requirements)
@@ -353,7 +405,14 @@ def _run_windows_pytest(version: str, runs, rundir: str) -> int:
                            check=False, cwd=rundir)
         log(f"pytest under Wine (Python {version}) exited {proc.returncode} "
             f"after {time.monotonic() - start:.0f} s")
-        status = status or proc.returncode
+        returncode = proc.returncode
+        if returncode == 0 and not finished_pytest(proc.stdout.decode("utf-8", "replace")):
+            # A Windows process that calls a function Wine does not
+            # implement is ended with exit status 0: without pytest's
+            # closing summary line, the run did not finish.
+            log("pytest printed no summary line: the process ended early (see above)")
+            returncode = 1
+        status = status or returncode
     return status
 
 
@@ -373,8 +432,7 @@ def main(argv=None) -> int:
         cmd_wheel(options.py)
         return 0
     if options.command == "test":
-        tag = WINDOWS_PYTHONS[options.py][1]
-        wheel = os.path.join(DIST, f"socknotify_loop-{package_version()}-{tag}-{tag}-win_amd64.whl")
+        wheel = os.path.join(DIST, wheel_name())
         if not os.path.exists(wheel):
             wheel = cmd_wheel(options.py)
         return cmd_test(options.py, wheel, args)

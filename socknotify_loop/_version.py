@@ -1,0 +1,7 @@
+"""The package version, in one place.
+
+setuptools reads it statically (``[tool.setuptools.dynamic]`` in
+pyproject.toml) without importing the package, whose compiled core does not
+exist yet at build time; ``tools/wine.py`` reads it the same way.
+"""
+__version__ = "0.1.0"

@@ -1,0 +1,68 @@
+"""How the package is found and described: the installed copy under test,
+one version, and a clear error when a source tree's C core is not built."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import socknotify_loop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(socknotify_loop.__file__))
+TIMEOUT = 60
+
+
+def test_installed_package_under_test():
+    """tox and the Wine runs set SOCKNOTIFY_EXPECT_INSTALLED: their tests
+    must exercise the installed wheel, never the source folder."""
+    if not os.environ.get("SOCKNOTIFY_EXPECT_INSTALLED"):
+        pytest.skip("SOCKNOTIFY_EXPECT_INSTALLED is not set (a developer run)")
+    source = os.path.join(ROOT, "socknotify_loop")
+    assert os.path.normcase(PACKAGE_DIR) != os.path.normcase(source), (
+        f"the tests imported the source tree {source}, not the installed package")
+
+
+def test_version_is_the_distribution_version():
+    from importlib.metadata import version
+    assert socknotify_loop.__version__ == version("socknotify_loop")
+
+
+def import_copy_without_core(tmp_path, source_tree: bool) -> subprocess.CompletedProcess:
+    """Import a copy of the package that lacks the compiled module, from
+    its parent folder (what `python -m` does in a fresh checkout)."""
+    copy = tmp_path / "socknotify_loop"
+    # copyfile, not copytree's default copy2: on Windows 3.12+ copy2 calls
+    # CopyFile2, which Wine 8 lacks (the process aborts).
+    shutil.copytree(PACKAGE_DIR, str(copy), copy_function=shutil.copyfile,
+                    ignore=shutil.ignore_patterns("_socknotify*", "__pycache__"))
+    if source_tree:
+        (tmp_path / "pyproject.toml").write_text("")
+    # -S: no site-packages, so neither an installed copy nor the finder of
+    # an editable install can supply the missing module.
+    return subprocess.run([sys.executable, "-S", "-E", "-c", "import socknotify_loop"],
+                          cwd=str(tmp_path), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True,
+                          timeout=TIMEOUT)
+
+
+def test_unbuilt_source_tree_says_how_to_build(tmp_path):
+    proc = import_copy_without_core(tmp_path, source_tree=True)
+    assert proc.returncode != 0, proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("ImportError: socknotify_loop's C core is not built in "), proc.stdout
+    assert str(tmp_path / "socknotify_loop") in last
+    assert "`pip install -e .`" in last
+    assert "ModuleNotFoundError" not in proc.stdout
+
+
+def test_incomplete_install_says_reinstall(tmp_path):
+    proc = import_copy_without_core(tmp_path, source_tree=False)
+    assert proc.returncode != 0, proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("ImportError: socknotify_loop's C core (_socknotify) is missing"), \
+        proc.stdout
+    assert "pip install --force-reinstall socknotify_loop" in last

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Check the source distribution on its own: `python tools/check_dist.py`.
+
+1. build the sdist of this tree (`python -m build --sdist`) and unpack it;
+2. in a fresh virtual environment, build a wheel from the unpacked sdist
+   alone, and check the wheel: its tag (cp39-abi3 on CPython), the compiled
+   core, py.typed, the license, the version, and no C sources or cffi builder;
+3. install the wheel, run an asyncio program on the Loop from a neutral
+   folder, and run the tests the sdist ships against the installed wheel
+   (CPython's conformance suites are only collected).
+
+Needs `build` in the running Python (tox's `dist` env installs it) and the
+package index for the build and test requirements. Exits non-zero on the
+first failure.
+"""
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import time
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 600   # any one step; the whole check takes well under a minute here
+# The shipped tests run against the wheel, all but CPython's conformance
+# suites (minutes; tox's py3XX envs run them), which are only collected.
+TEST_RUN = ["--ignore=tests/conformance", "tests"]
+
+
+def log(message: str) -> None:
+    print(f"[check_dist] {message}", flush=True)
+
+
+def run(cmd, **kwargs) -> None:
+    log(" ".join(str(c) for c in cmd))
+    subprocess.run(cmd, check=True, timeout=TIMEOUT, **kwargs)
+
+
+def fail(message: str) -> None:
+    raise SystemExit(f"[check_dist] FAILED: {message}")
+
+
+def source_version() -> str:
+    """The version in socknotify_loop/_version.py, read without importing."""
+    path = os.path.join(ROOT, "socknotify_loop", "_version.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "__version__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    fail(f"{path} sets no __version__")
+    return ""
+
+
+def venv_python(venv: str) -> str:
+    scripts = "Scripts" if sys.platform == "win32" else "bin"
+    return os.path.join(venv, scripts, "python")
+
+
+def check_sdist(sdist: str) -> None:
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    required = ["LICENSE", "pyproject.toml", "setup.py", "socknotify_loop/_build.py",
+                "socknotify_loop/_core/socknotify.h", "socknotify_loop/_version.py",
+                "tests/_platform.py", "tests/_testbase.py", "examples/asyncio_echo.py"]
+    missing = [name for name in required if name not in names]
+    if missing:
+        fail(f"the sdist lacks {missing}")
+    compiled = [name for name in names if name.endswith((".so", ".pyd", ".pyc"))]
+    if compiled:
+        fail(f"the sdist holds compiled files {compiled}")
+
+
+def check_wheel(wheel: str, version: str) -> None:
+    name = os.path.basename(wheel)
+    expected_prefix = f"socknotify_loop-{version}-"
+    if not name.startswith(expected_prefix):
+        fail(f"{name}: expected {expected_prefix}*")
+    # The builds setup.py tags cp39-abi3 (not PyPy, free-threaded or debug).
+    limited_api = (platform.python_implementation() == "CPython"
+                   and not sysconfig.get_config_var("Py_GIL_DISABLED")
+                   and not hasattr(sys, "gettotalrefcount"))
+    if limited_api and "-cp39-abi3-" not in name:
+        fail(f"{name}: a CPython wheel must be tagged cp39-abi3")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        metadata = zf.read(f"socknotify_loop-{version}.dist-info/METADATA").decode()
+    forbidden = [n for n in names if n.endswith((".c", ".h", "/_build.py"))]
+    if forbidden:
+        fail(f"{name} holds build-only files {forbidden}")
+    for needed in ("socknotify_loop/py.typed", "socknotify_loop/_version.py",
+                   f"socknotify_loop-{version}.dist-info/licenses/LICENSE"):
+        if needed not in names:
+            fail(f"{name} lacks {needed}")
+    core = [n for n in names if n.startswith("socknotify_loop/_socknotify")]
+    if len(core) != 1 or (limited_api and not core[0].endswith((".abi3.so", "_socknotify.pyd"))):
+        fail(f"{name}: expected one compiled core (abi3 on CPython), found {core}")
+    for line in ("License-Expression: MIT", f"Version: {version}"):
+        if line not in metadata.splitlines():
+            fail(f"{name}: METADATA lacks {line!r}")
+    log(f"{name}: {len(names)} files, core {core[0]}, no C sources or builder")
+
+
+def main() -> int:
+    start = time.monotonic()
+    version = source_version()
+    with tempfile.TemporaryDirectory(prefix="socknotify-dist-") as work:
+        dist = os.path.join(work, "dist")
+        run([sys.executable, "-m", "build", "--sdist", "--outdir", dist, ROOT],
+            stdout=subprocess.DEVNULL)
+        sdists = glob.glob(os.path.join(dist, "*.tar.gz"))
+        if len(sdists) != 1:
+            fail(f"expected one sdist, found {sdists}")
+        check_sdist(sdists[0])
+        with tarfile.open(sdists[0]) as tar:
+            # The "data" filter where tarfile has it (3.12+ and backports).
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(work, **safe)
+        tree = os.path.join(work, f"socknotify_loop-{version}")
+
+        venv = os.path.join(work, "venv")
+        run([sys.executable, "-m", "venv", venv])
+        python = venv_python(venv)
+        wheels = os.path.join(work, "wheels")
+        run([python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, tree])
+        built = glob.glob(os.path.join(wheels, "*.whl"))
+        if len(built) != 1:
+            fail(f"expected one wheel, found {built}")
+        check_wheel(built[0], version)
+
+        run([python, "-m", "pip", "install", "-q", built[0],
+             "-r", os.path.join(tree, "tests", "requirements.txt")])
+        # From a folder without the package, so the wheel is what runs.
+        neutral = os.path.join(work, "run")
+        os.makedirs(neutral)
+        run([python, "-m", "socknotify_loop", os.path.join(tree, "examples", "asyncio_echo.py")],
+            cwd=neutral)
+        # The console script `pytest`, not `python -m pytest`: the latter
+        # would put the unpacked tree (and its unbuilt package) on sys.path.
+        pytest = os.path.join(os.path.dirname(python), "pytest")
+        env = dict(os.environ, SOCKNOTIFY_EXPECT_INSTALLED="1")
+        env.pop("PYTHONPATH", None)
+        run([pytest, "-q", "-p", "no:cacheprovider", "--collect-only", "tests"],
+            cwd=tree, env=env, stdout=subprocess.DEVNULL)
+        run([pytest, "-q", "-p", "no:cacheprovider", *TEST_RUN], cwd=tree, env=env)
+    log(f"sdist -> wheel -> install -> tests: OK in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
