@@ -8,82 +8,285 @@
 
 The program is run with :mod:`runpy` as ``__main__`` with ``sys.argv`` and
 ``sys.path[0]`` set as ``python script.py`` / ``python -m module`` would set
-them. Before it starts, :func:`use_socknotify_loop` makes ``asyncio.run``,
-``asyncio.Runner`` (without a ``loop_factory``) and
-``asyncio.new_event_loop`` create a :class:`~socknotify_loop.loop.Loop`:
+them. Before it starts, :func:`use_socknotify_loop` puts
+:class:`~socknotify_loop.loop.Loop` under every way the standard library
+offers to make an event loop (``docs/launcher.md`` lists them, and what
+stays out of reach):
 
-- Python 3.9-3.13: through an event loop policy, which is what all three
-  consult there (``asyncio.run`` -> ``Runner`` -> ``events.new_event_loop``
-  -> the policy), so ``get_event_loop`` and ``get_event_loop_policy()``
-  agree with them.
-- Python 3.14+: policies are deprecated, so instead of setting one (and
-  warning in the user's program) ``asyncio.new_event_loop`` and
+- ``asyncio.run``, ``asyncio.Runner`` without a ``loop_factory``,
+  ``asyncio.new_event_loop`` and ``get_event_loop``. Python 3.9-3.13: through
+  an event loop policy, which is what all of them consult there. Python
+  3.14+: policies are deprecated, so instead of setting one (and warning in
+  the user's program) ``asyncio.new_event_loop`` and
   ``asyncio.events.new_event_loop``, which ``Runner`` calls when it has no
   factory, are replaced by our factory.
+- The loop classes a program may name itself: ``asyncio.SelectorEventLoop``,
+  ``asyncio.ProactorEventLoop`` (Windows) and ``asyncio.EventLoop`` (3.13+),
+  in ``asyncio`` and in the platform module (``asyncio.unix_events`` or
+  ``asyncio.windows_events``), become *stand-ins* for asyncio's classes:
+
+  * calling one without a selector (proactor) makes a Loop; with one, it
+    makes asyncio's own loop on it, since the program chose its I/O
+    mechanism explicitly;
+  * ``isinstance``/``issubclass`` against one answer as against asyncio's
+    class: a Loop is a ``SelectorEventLoop`` (it subclasses it; aiodns and
+    pyzmq check this) and is not a ``ProactorEventLoop`` (psycopg refuses
+    those);
+  * a class statement subclassing one gets asyncio's class as its base,
+    so a program's own loop class is exactly what it is without the
+    launcher.
+- The stock policies (``DefaultEventLoopPolicy``,
+  ``WindowsSelectorEventLoopPolicy``, ``WindowsProactorEventLoopPolicy``)
+  make their loops with the stand-ins, so a program that installs one of
+  them (the usual Windows workaround for psycopg and pyzmq) still runs on a
+  Loop. This is also how uvicorn is reached: ``--loop auto`` (without
+  uvloop installed) and ``--loop asyncio`` return
+  ``asyncio.SelectorEventLoop`` or, on Windows, ``asyncio.ProactorEventLoop``
+  as uvicorn's loop factory (0.36+), or install the Windows policies
+  (earlier versions).
 """
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import runpy
 import sys
-from typing import List, Optional, TextIO
+import types
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+
+from ._backends import ENVIRONMENT_VARIABLE, backend_from_environment
 
 __all__ = ["main", "use_socknotify_loop", "describe_environment"]
 
 USAGE = """\
 usage: python -m socknotify_loop [--info] [-h] [--version] (script.py | -m module) [args ...]
 
-Run an asyncio program unchanged on socknotify_loop: asyncio.run(),
-asyncio.Runner() and asyncio.new_event_loop() create socknotify_loop loops.
+Run an asyncio program unchanged on socknotify_loop.
 
   script.py [args]   run a script as __main__ (like `python script.py`)
   -m module [args]   run a module as __main__ (like `python -m module`)
   --info             print the notification backend in use and why, the OS
-                     build and the Python version, then exit
+                     build and the Python version, then exit (status 1 if
+                     no loop can be made here)
   --version          print socknotify_loop's version and exit
+
+The program gets a socknotify_loop Loop from:
+  asyncio.run(), asyncio.Runner() and asyncio.new_event_loop() without a
+  loop factory, asyncio.get_event_loop();
+  asyncio.SelectorEventLoop(), asyncio.ProactorEventLoop() (Windows) and
+  asyncio.EventLoop() (3.13+) called without a selector/proactor, also as
+  a loop_factory (uvicorn --loop auto|asyncio without uvloop installed);
+  the policies DefaultEventLoopPolicy, WindowsSelectorEventLoopPolicy and
+  WindowsProactorEventLoopPolicy.
+isinstance(loop, asyncio.SelectorEventLoop) is true for it and
+isinstance(loop, asyncio.ProactorEventLoop) false.
+
+Not covered (the program keeps the loop it asks for):
+  uvloop, winloop or any other loop package the program imports itself
+  (uvicorn --loop auto picks uvloop when it is installed; --loop uvloop);
+  a program's own subclass of asyncio.SelectorEventLoop, ProactorEventLoop
+  or BaseEventLoop (it stays a subclass of asyncio's class);
+  SelectorEventLoop(selector) / ProactorEventLoop(proactor) given one
+  explicitly; asyncio's private classes (_UnixSelectorEventLoop, ...);
+  a policy or loop_factory of another package; child processes
+  (multiprocessing, uvicorn --reload/--workers, subprocess): each child
+  must be started through python -m socknotify_loop itself.
+
+SOCKNOTIFY_BACKEND=epoll|psn|afd forces a backend (case-insensitive).
+More: docs/launcher.md.
 """
+
+
+# -- the loop factory and the stand-ins for asyncio's loop classes -----------------
+
+def _new_loop() -> Any:
+    """A new Loop. Its selector is made first, so a backend that fails to
+    open raises before a half-built loop exists (whose ``__del__`` would
+    print noise about its missing state)."""
+    from .loop import Loop
+    from .selector import NotifySelector
+
+    return Loop(NotifySelector())
+
+
+class _StandInMeta(type):
+    """The metaclass of the stand-ins for asyncio's loop classes (see the
+    module docstring): calling a stand-in makes a Loop, instance and
+    subclass checks answer for asyncio's class, and a class statement
+    subclassing a stand-in builds a subclass of asyncio's class."""
+
+    def __new__(mcls, name: str, bases: Tuple[type, ...], namespace: Dict[str, Any],
+                **kwargs: Any) -> type:
+        if not any(isinstance(base, _StandInMeta) for base in bases):
+            return super().__new__(mcls, name, bases, namespace, **kwargs)
+        # The program defines its own loop class: it gets asyncio's class as
+        # its base, with the metaclass that base implies, so the class is
+        # what it is without the launcher (and carries nothing of ours).
+        stock_bases = tuple(base._socknotify_stock if isinstance(base, _StandInMeta)
+                            else base for base in bases)
+        meta, _, kwds = types.prepare_class(name, stock_bases, kwargs)
+        return meta(name, stock_bases, namespace, **kwds)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._socknotify_make(*args, **kwargs)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, cls._socknotify_stock)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return issubclass(subclass, cls._socknotify_stock)
+
+    def __repr__(cls) -> str:
+        stock = cls._socknotify_stock
+        return (f"<class '{stock.__module__}.{stock.__qualname__}' "
+                f"(python -m socknotify_loop: makes socknotify_loop.loop.Loop)>")
+
+
+def _stand_in(stock: type, explicit: str) -> type:
+    """A stand-in for asyncio's loop class ``stock``, whose constructor takes
+    one optional argument named ``explicit`` (``selector``/``proactor``)."""
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        # Given a selector (proactor), the program chose how to wait:
+        # asyncio's class on it. Otherwise a Loop.
+        if args or kwargs.get(explicit) is not None:
+            return stock(*args, **kwargs)
+        if kwargs:
+            # What asyncio's constructor says about a wrong keyword.
+            return stock(**kwargs)
+        return _new_loop()
+
+    namespace = {
+        "__module__": stock.__module__,
+        "__qualname__": stock.__qualname__,
+        "__doc__": stock.__doc__,
+        "_socknotify_stock": stock,
+        "_socknotify_make": staticmethod(make),
+    }
+    return _StandInMeta(stock.__name__, (stock,), namespace)
+
+
+def _install_stand_ins() -> None:
+    """Replace asyncio's loop classes by stand-ins wherever asyncio exports
+    them, and point the stock policies at the stand-ins. Idempotent."""
+    import asyncio
+
+    if sys.platform == "win32":
+        from asyncio import windows_events as platform_module
+    else:
+        from asyncio import unix_events as platform_module
+
+    # vars(), not getattr(): Python 3.14 serves deprecated names through a
+    # module __getattr__ that warns.
+    names = vars(platform_module)
+    stand_ins = {}
+    for name, explicit in (("SelectorEventLoop", "selector"), ("ProactorEventLoop", "proactor")):
+        stock = names.get(name)
+        if isinstance(stock, type) and not isinstance(stock, _StandInMeta):
+            stand_ins[stock] = _stand_in(stock, explicit)
+    # Every public name bound to one of those classes: SelectorEventLoop,
+    # ProactorEventLoop and EventLoop (3.13+), in the platform module and
+    # in the asyncio package, which re-exports them.
+    for module in (platform_module, asyncio):
+        for name, value in list(vars(module).items()):
+            if not name.startswith("_") and isinstance(value, type) and value in stand_ins:
+                setattr(module, name, stand_ins[value])
+    # The policies (public and, on 3.14+, underscored) keep the class they
+    # make in _loop_factory; BaseDefaultEventLoopPolicy.new_event_loop calls it.
+    for value in list(names.values()):
+        if isinstance(value, type):
+            factory = value.__dict__.get("_loop_factory")
+            if isinstance(factory, type) and factory in stand_ins:
+                value._loop_factory = stand_ins[factory]
 
 
 def use_socknotify_loop() -> None:
     """Make asyncio create :class:`~socknotify_loop.loop.Loop` loops by default
-    (see the module docstring for how, per Python version)."""
+    and for the loop classes and policies a program names itself (see the
+    module docstring for what is covered, and how, per Python version)."""
     import asyncio
     import asyncio.events
 
-    from . import new_event_loop
     from .loop import EventLoopPolicy
 
+    # Loop subclasses asyncio.SelectorEventLoop: loop.py must be imported
+    # (done just above) before the name becomes a stand-in.
+    _install_stand_ins()
     if sys.version_info < (3, 14):
         asyncio.set_event_loop_policy(EventLoopPolicy())
         return
 
     def patched_new_event_loop() -> asyncio.AbstractEventLoop:
         """A new socknotify_loop loop (installed by ``python -m socknotify_loop``)."""
-        return new_event_loop()
+        return _new_loop()
 
     asyncio.events.new_event_loop = patched_new_event_loop
     asyncio.new_event_loop = patched_new_event_loop
 
 
-def describe_environment() -> List[str]:
-    """The lines ``--info`` prints: backend and why, OS build, Python."""
+# -- the backend: checked before the program runs, described by --info ------------
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one line, without the ``[Errno N]`` prefix."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _usable_backend(forced: Optional[str]) -> dict:
+    """``backend_info`` for the backend a Loop would use, after opening and
+    closing a port on it; raises OSError/ValueError/ImportError with the
+    reason when no loop can be made."""
+    from .port import Port, backend_info
+
+    info = backend_info(forced)
+    ok, why = info["available"][info["backend"]]
+    if not ok:
+        raise OSError(errno.ENOSYS, f"backend {info['backend']!r} is not available: {why}")
+    Port(info["backend"]).close()
+    return info
+
+
+def _forced_suffix() -> str:
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    return f" (forced by {ENVIRONMENT_VARIABLE}={value})" if value.strip() else ""
+
+
+def _backend_problem() -> Optional[str]:
+    """None if a Loop can be made here, else why not (one line). Also
+    writes the canonical backend name back to ``SOCKNOTIFY_BACKEND``, for
+    the port, which reads it again, and for child processes."""
+    try:
+        forced = backend_from_environment()
+        if forced is not None:
+            os.environ[ENVIRONMENT_VARIABLE] = forced
+        _usable_backend(forced)
+    except (OSError, ValueError, ImportError) as exc:
+        return _reason(exc) + _forced_suffix()
+    return None
+
+
+def _describe() -> Tuple[List[str], bool]:
+    """``--info``'s lines, and whether a loop can be made here."""
     from . import __version__
-    from .port import backend_info
 
     lines = [f"socknotify_loop {__version__}"]
+    available: dict = {}
+    usable = False
     try:
-        info = backend_info()
-    except (OSError, ValueError) as exc:
-        lines.append(f"backend: none ({exc})")
-        available = {}
+        from .port import available_backends
+        available = available_backends()
+        info = _usable_backend(backend_from_environment())
+    except (OSError, ValueError, ImportError) as exc:
+        lines.append(f"backend: none ({_reason(exc)})")
     else:
         lines.append(f"backend: {info['backend']}")
         lines.append(f"reason: {info['reason']}")
-        available = info["available"]
-    forced = os.environ.get("SOCKNOTIFY_BACKEND")
-    if forced:
-        lines.append(f"forced by SOCKNOTIFY_BACKEND={forced}")
+        usable = True
+    forced = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    if forced.strip():
+        lines.append(f"forced by {ENVIRONMENT_VARIABLE}={forced}")
     for name, (ok, why) in available.items():
         lines.append(f"  {name}: {'available' if ok else 'unavailable'} - {why}")
     if sys.platform == "win32":
@@ -100,7 +303,13 @@ def describe_environment() -> List[str]:
         lines.append(f"os: {platform.platform()}")
     lines.append(f"python: {platform.python_implementation()} {sys.version.split()[0]} "
                  f"({sys.executable})")
-    return lines
+    return lines, usable
+
+
+def describe_environment() -> List[str]:
+    """The lines ``--info`` prints: backend and why (or why none can be
+    used), OS build, Python."""
+    return _describe()[0]
 
 
 def _run_script(path: str, args: List[str]) -> None:
@@ -111,12 +320,42 @@ def _run_script(path: str, args: List[str]) -> None:
     runpy.run_path(path, run_name="__main__")
 
 
-def _run_module(module: str, args: List[str]) -> None:
+def _raised_by_module_lookup(exc: ImportError) -> bool:
+    """Whether runpy raised ``exc`` while looking the module up (no such
+    module, a package without __main__, ...), before any of its code ran:
+    `python -m` reports those in one line. An ImportError of the module's
+    own code, or of its parent package's ``__init__``, has the raising
+    frame further down and keeps its traceback, as under `python -m`."""
+    if type(exc) is not ImportError:
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    lookup: Callable = getattr(runpy, "_get_module_details", None)  # type: ignore[assignment]
+    return lookup is not None and tb.tb_frame.f_code is lookup.__code__
+
+
+def _run_module(module: str, args: List[str]) -> int:
     # As `python -m module` does: the current directory stays sys.path[0]
     # (it already is, since we were started with -m), and runpy sets
     # sys.argv[0] to the module's file.
     sys.argv[:] = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except ImportError as exc:
+        if not _raised_by_module_lookup(exc):
+            raise
+        # `python -m` prints "<python>: No module named x" and exits 1.
+        sys.stderr.write(f"{sys.executable}: {exc}\n")
+        return 1
+    return 0
+
+
+def _refuse(problem: str) -> int:
+    sys.stderr.write(f"socknotify_loop: cannot run the program: {problem}\n")
+    return 1
 
 
 def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
@@ -128,8 +367,9 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
         return 0 if args else 2
     first = args[0]
     if first == "--info":
-        out.write("\n".join(describe_environment()) + "\n")
-        return 0
+        lines, usable = _describe()
+        out.write("\n".join(lines) + "\n")
+        return 0 if usable else 1
     if first == "--version":
         from . import __version__
         out.write(f"socknotify_loop {__version__}\n")
@@ -138,15 +378,22 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
         if len(args) < 2:
             sys.stderr.write("socknotify_loop: -m needs a module name\n" + USAGE)
             return 2
+        problem = _backend_problem()
+        if problem:
+            return _refuse(problem)
         use_socknotify_loop()
-        _run_module(args[1], args[2:])
-        return 0
+        return _run_module(args[1], args[2:])
     if first.startswith("-"):
         sys.stderr.write(f"socknotify_loop: unknown option {first}\n" + USAGE)
         return 2
     if not os.path.exists(first):
-        sys.stderr.write(f"socknotify_loop: can't open file {first!r}: no such file\n")
+        # What `python no_such_file.py` prints, with the same status.
+        sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(first)!r}: "
+                         f"[Errno {errno.ENOENT}] {os.strerror(errno.ENOENT)}\n")
         return 2
+    problem = _backend_problem()
+    if problem:
+        return _refuse(problem)
     use_socknotify_loop()
     _run_script(first, args[1:])
     return 0
