@@ -52,8 +52,7 @@ import os
 import platform
 import runpy
 import sys
-import types
-from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+from typing import Any, Callable, List, Optional, TextIO, Tuple
 
 from ._backends import ENVIRONMENT_VARIABLE, backend_from_environment
 
@@ -110,61 +109,64 @@ def _new_loop() -> Any:
     return Loop(NotifySelector())
 
 
-class _StandInMeta(type):
-    """The metaclass of the stand-ins for asyncio's loop classes (see the
-    module docstring): calling a stand-in makes a Loop, instance and
-    subclass checks answer for asyncio's class, and a class statement
-    subclassing a stand-in builds a subclass of asyncio's class."""
+class _StandIn:
+    """A stand-in for one of asyncio's loop classes (``stock``), whose
+    constructor takes one optional argument named ``explicit``
+    (``selector``/``proactor``); see the module docstring.
 
-    def __new__(mcls, name: str, bases: Tuple[type, ...], namespace: Dict[str, Any],
-                **kwargs: Any) -> type:
-        if not any(isinstance(base, _StandInMeta) for base in bases):
-            return super().__new__(mcls, name, bases, namespace, **kwargs)
-        # The program defines its own loop class: it gets asyncio's class as
-        # its base, with the metaclass that base implies, so the class is
-        # what it is without the launcher (and carries nothing of ours).
-        stock_bases = tuple(base._socknotify_stock if isinstance(base, _StandInMeta)
-                            else base for base in bases)
-        meta, _, kwds = types.prepare_class(name, stock_bases, kwargs)
-        return meta(name, stock_bases, namespace, **kwds)
+    It is not a class itself, so that a class statement naming it as a base
+    goes through :meth:`__mro_entries__` and gets asyncio's class, with
+    whatever metaclass the program asks for. Attribute reads and writes go
+    to asyncio's class (``asyncio.SelectorEventLoop.__init__(self)`` in a
+    subclass, ``__name__``, monkeypatching), and ``__bases__`` is
+    ``(stock,)``, so ``issubclass(asyncio.SelectorEventLoop, X)`` answers as
+    for a subclass of asyncio's class.
+    """
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return cls._socknotify_make(*args, **kwargs)
+    _OWN = frozenset(("_socknotify_stock", "_socknotify_explicit", "__mro_entries__",
+                      "__bases__", "__repr__", "__call__", "__instancecheck__",
+                      "__subclasscheck__"))
 
-    def __instancecheck__(cls, instance: Any) -> bool:
-        return isinstance(instance, cls._socknotify_stock)
+    def __init__(self, stock: type, explicit: str) -> None:
+        object.__setattr__(self, "_socknotify_stock", stock)
+        object.__setattr__(self, "_socknotify_explicit", explicit)
 
-    def __subclasscheck__(cls, subclass: type) -> bool:
-        return issubclass(subclass, cls._socknotify_stock)
+    def __getattribute__(self, name: str) -> Any:
+        if name in _StandIn._OWN:
+            if name == "__bases__":
+                return (object.__getattribute__(self, "_socknotify_stock"),)
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_socknotify_stock"), name)
 
-    def __repr__(cls) -> str:
-        stock = cls._socknotify_stock
-        return (f"<class '{stock.__module__}.{stock.__qualname__}' "
-                f"(python -m socknotify_loop: makes socknotify_loop.loop.Loop)>")
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._socknotify_stock, name, value)
 
+    def __delattr__(self, name: str) -> None:
+        delattr(self._socknotify_stock, name)
 
-def _stand_in(stock: type, explicit: str) -> type:
-    """A stand-in for asyncio's loop class ``stock``, whose constructor takes
-    one optional argument named ``explicit`` (``selector``/``proactor``)."""
-
-    def make(*args: Any, **kwargs: Any) -> Any:
-        # Given a selector (proactor), the program chose how to wait:
-        # asyncio's class on it. Otherwise a Loop.
-        if args or kwargs.get(explicit) is not None:
-            return stock(*args, **kwargs)
-        if kwargs:
-            # What asyncio's constructor says about a wrong keyword.
-            return stock(**kwargs)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        stock, explicit = self._socknotify_stock, self._socknotify_explicit
+        if len(args) > 1 or (args and kwargs) or set(kwargs) - {explicit}:
+            return stock(*args, **kwargs)   # asyncio's own TypeError
+        chosen = args[0] if args else kwargs.get(explicit)
+        if chosen is not None:
+            # The program chose how to wait: asyncio's loop on that.
+            return stock(chosen)
         return _new_loop()
 
-    namespace = {
-        "__module__": stock.__module__,
-        "__qualname__": stock.__qualname__,
-        "__doc__": stock.__doc__,
-        "_socknotify_stock": stock,
-        "_socknotify_make": staticmethod(make),
-    }
-    return _StandInMeta(stock.__name__, (stock,), namespace)
+    def __mro_entries__(self, bases: Tuple[Any, ...]) -> Tuple[type, ...]:
+        return (self._socknotify_stock,)
+
+    def __instancecheck__(self, instance: Any) -> bool:
+        return isinstance(instance, self._socknotify_stock)
+
+    def __subclasscheck__(self, subclass: type) -> bool:
+        return issubclass(subclass, self._socknotify_stock)
+
+    def __repr__(self) -> str:
+        stock = self._socknotify_stock
+        return (f"<class '{stock.__module__}.{stock.__qualname__}' "
+                f"(python -m socknotify_loop: makes socknotify_loop.loop.Loop)>")
 
 
 def _install_stand_ins() -> None:
@@ -183,21 +185,23 @@ def _install_stand_ins() -> None:
     stand_ins = {}
     for name, explicit in (("SelectorEventLoop", "selector"), ("ProactorEventLoop", "proactor")):
         stock = names.get(name)
-        if isinstance(stock, type) and not isinstance(stock, _StandInMeta):
-            stand_ins[stock] = _stand_in(stock, explicit)
+        if isinstance(stock, type) and type(stock) is not _StandIn:
+            stand_ins[stock] = _StandIn(stock, explicit)
     # Every public name bound to one of those classes: SelectorEventLoop,
     # ProactorEventLoop and EventLoop (3.13+), in the platform module and
     # in the asyncio package, which re-exports them.
     for module in (platform_module, asyncio):
         for name, value in list(vars(module).items()):
-            if not name.startswith("_") and isinstance(value, type) and value in stand_ins:
+            if not name.startswith("_") and type(value) is not _StandIn \
+                    and isinstance(value, type) and value in stand_ins:
                 setattr(module, name, stand_ins[value])
     # The policies (public and, on 3.14+, underscored) keep the class they
     # make in _loop_factory; BaseDefaultEventLoopPolicy.new_event_loop calls it.
     for value in list(names.values()):
         if isinstance(value, type):
             factory = value.__dict__.get("_loop_factory")
-            if isinstance(factory, type) and factory in stand_ins:
+            if type(factory) is not _StandIn and isinstance(factory, type) \
+                    and factory in stand_ins:
                 value._loop_factory = stand_ins[factory]
 
 
