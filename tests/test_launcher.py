@@ -345,7 +345,7 @@ def http_get(port: int, deadline: float) -> bytes:
             time.sleep(0.1)
 
 
-@pytest.mark.parametrize("loop_option", ["auto", "asyncio"])
+@pytest.mark.parametrize("loop_option", ["auto", "asyncio", "none"])
 def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
     pytest.importorskip("uvicorn")
     if loop_option == "auto" and importlib.util.find_spec("uvloop") is not None:
