@@ -44,6 +44,9 @@ stays out of reach):
   ``asyncio.SelectorEventLoop`` or, on Windows, ``asyncio.ProactorEventLoop``
   as uvicorn's loop factory (0.36+), or install the Windows policies
   (earlier versions).
+- ``multiprocessing`` children started by spawn or forkserver (uvicorn's
+  ``--workers`` and ``--reload``) repeat this setup: see
+  :func:`_cover_child_processes`. Forked children inherit it.
 """
 from __future__ import annotations
 
@@ -77,7 +80,8 @@ The program gets a socknotify_loop Loop from:
   asyncio.EventLoop() (3.13+) called without a selector/proactor, also as
   a loop_factory (uvicorn --loop auto|asyncio without uvloop installed);
   the policies DefaultEventLoopPolicy, WindowsSelectorEventLoopPolicy and
-  WindowsProactorEventLoopPolicy.
+  WindowsProactorEventLoopPolicy;
+  all of these in multiprocessing children too (uvicorn --workers/--reload).
 isinstance(loop, asyncio.SelectorEventLoop) is true for it and
 isinstance(loop, asyncio.ProactorEventLoop) false.
 
@@ -88,9 +92,8 @@ Not covered (the program keeps the loop it asks for):
   or BaseEventLoop (it stays a subclass of asyncio's class);
   SelectorEventLoop(selector) / ProactorEventLoop(proactor) given one
   explicitly; asyncio's private classes (_UnixSelectorEventLoop, ...);
-  a policy or loop_factory of another package; child processes
-  (multiprocessing, uvicorn --reload/--workers, subprocess): each child
-  must be started through python -m socknotify_loop itself.
+  a policy or loop_factory of another package; a Python started with
+  subprocess (start it through python -m socknotify_loop too).
 
 SOCKNOTIFY_BACKEND=epoll|psn|afd forces a backend (case-insensitive).
 More: docs/launcher.md.
@@ -227,6 +230,47 @@ def use_socknotify_loop() -> None:
 
     asyncio.events.new_event_loop = patched_new_event_loop
     asyncio.new_event_loop = patched_new_event_loop
+
+
+# -- multiprocessing children -------------------------------------------------------
+
+class _ChildSetup:
+    """Put into the preparation data multiprocessing sends a spawned (or
+    forkserver) child: unpickling it there runs :func:`_setup_child` before
+    the child re-imports the program's main module and unpickles its
+    target, so the child runs on the launcher's terms too. (Forked
+    children inherit the parent's state and need nothing.)"""
+
+    def __reduce__(self) -> Tuple[Callable[[], None], Tuple[()]]:
+        return _setup_child, ()
+
+
+def _setup_child() -> None:
+    """In a multiprocessing child of a launched program: what the launcher
+    did in the parent (the parent checked the backend already)."""
+    _cover_child_processes()
+    use_socknotify_loop()
+
+
+def _cover_child_processes() -> None:
+    """Make multiprocessing's spawned and forkserver children (uvicorn
+    ``--reload``/``--workers``, ProcessPoolExecutor, ...) run
+    :func:`use_socknotify_loop` too. Idempotent."""
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_socknotify_loop", False):
+        return
+
+    def get_preparation_data(name: str) -> dict:
+        data = original(name)
+        # multiprocessing's prepare() ignores keys it does not know.
+        data["socknotify_loop"] = _ChildSetup()
+        return data
+
+    get_preparation_data._socknotify_loop = True  # type: ignore[attr-defined]
+    get_preparation_data.__doc__ = original.__doc__
+    spawn.get_preparation_data = get_preparation_data
 
 
 # -- the backend: checked before the program runs, described by --info ------------
@@ -385,6 +429,7 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
         problem = _backend_problem()
         if problem:
             return _refuse(problem)
+        _cover_child_processes()
         use_socknotify_loop()
         return _run_module(args[1], args[2:])
     if first.startswith("-"):
@@ -398,6 +443,7 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
     problem = _backend_problem()
     if problem:
         return _refuse(problem)
+    _cover_child_processes()
     use_socknotify_loop()
     _run_script(first, args[1:])
     return 0

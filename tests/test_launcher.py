@@ -475,3 +475,37 @@ def test_import_error_inside_module_keeps_its_traceback(tmp_path):
     assert result.returncode == 1
     assert "Traceback" in result.stderr
     assert "No module named 'socknotify_no_such_dependency'" in result.stderr
+
+
+def test_multiprocessing_children_run_on_our_loop(tmp_path):
+    # uvicorn --workers/--reload start their servers this way (spawn).
+    script = tmp_path / "children.py"
+    script.write_text(textwrap.dedent("""\
+        import asyncio, multiprocessing
+
+        async def running_type():
+            loop = asyncio.get_running_loop()
+            return f"{type(loop).__module__}.{type(loop).__qualname__}"
+
+        def child(queue):
+            queue.put(asyncio.run(running_type()))
+            loop = asyncio.SelectorEventLoop()
+            queue.put(f"{type(loop).__module__}.{type(loop).__qualname__}")
+            loop.close()
+
+        if __name__ == "__main__":
+            for method in multiprocessing.get_all_start_methods():
+                context = multiprocessing.get_context(method)
+                queue = context.Queue()
+                process = context.Process(target=child, args=(queue,))
+                process.start()
+                print(method, queue.get(timeout=60), queue.get(timeout=60))
+                process.join(60)
+                print(method + "_exit", process.exitcode)
+        """))
+    out = parse(launch(str(script), cwd=str(tmp_path)).stdout)
+    assert "spawn" in out
+    for method in ("fork", "spawn", "forkserver"):
+        if method in out:
+            assert out[method] == f"{OURS} {OURS}"
+            assert out[method + "_exit"] == "0"
