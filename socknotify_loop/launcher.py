@@ -78,7 +78,8 @@ The program gets a socknotify_loop Loop from:
   loop factory, asyncio.get_event_loop();
   asyncio.SelectorEventLoop(), asyncio.ProactorEventLoop() (Windows) and
   asyncio.EventLoop() (3.13+) called without a selector/proactor, also as
-  a loop_factory (uvicorn --loop auto|asyncio without uvloop installed);
+  a loop_factory (uvicorn --loop auto|asyncio|none, auto only without
+  uvloop installed);
   the policies DefaultEventLoopPolicy, WindowsSelectorEventLoopPolicy and
   WindowsProactorEventLoopPolicy;
   all of these in multiprocessing children too (uvicorn --workers/--reload).
@@ -93,7 +94,9 @@ Not covered (the program keeps the loop it asks for):
   SelectorEventLoop(selector) / ProactorEventLoop(proactor) given one
   explicitly; asyncio's private classes (_UnixSelectorEventLoop, ...);
   a policy or loop_factory of another package; a Python started with
-  subprocess (start it through python -m socknotify_loop too).
+  subprocess (start it through python -m socknotify_loop too);
+  type(loop) is asyncio.SelectorEventLoop (the names are stand-ins for
+  asyncio's classes, not classes: use isinstance).
 
 SOCKNOTIFY_BACKEND=epoll|psn|afd forces a backend (case-insensitive).
 More: docs/launcher.md.
