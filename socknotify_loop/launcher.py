@@ -124,9 +124,11 @@ class _StandIn:
     goes through :meth:`__mro_entries__` and gets asyncio's class, with
     whatever metaclass the program asks for. Attribute reads and writes go
     to asyncio's class (``asyncio.SelectorEventLoop.__init__(self)`` in a
-    subclass, ``__name__``, monkeypatching), and ``__bases__`` is
-    ``(stock,)``, so ``issubclass(asyncio.SelectorEventLoop, X)`` answers as
-    for a subclass of asyncio's class.
+    subclass, ``__name__``, monkeypatching); ``__class__`` is therefore
+    asyncio's metaclass, so ``isinstance(asyncio.SelectorEventLoop, type)``
+    and ``inspect.isclass`` stay true; and ``__bases__`` is ``(stock,)``,
+    so ``issubclass(asyncio.SelectorEventLoop, X)`` answers as for a
+    subclass of asyncio's class.
     """
 
     _OWN = frozenset(("_socknotify_stock", "_socknotify_explicit", "__mro_entries__",

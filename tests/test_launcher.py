@@ -251,6 +251,7 @@ def test_isinstance_checks_answer_for_asyncio_classes(tmp_path):
         print("loop_subclass", issubclass(Loop, asyncio.SelectorEventLoop))
         print("not_a_loop", isinstance(object(), asyncio.SelectorEventLoop))
         print("abstract", issubclass(asyncio.SelectorEventLoop, asyncio.AbstractEventLoop))
+        print("isclass", __import__("inspect").isclass(asyncio.SelectorEventLoop))
         if sys.platform == "win32":
             print("ours_is_proactor", isinstance(ours, asyncio.ProactorEventLoop))
             print("stock_proactor", isinstance(asyncio.ProactorEventLoop(asyncio.IocpProactor()),
@@ -260,6 +261,7 @@ def test_isinstance_checks_answer_for_asyncio_classes(tmp_path):
         """)
     assert out["ours_is_selector_loop"] == out["ours_is_base_selector_loop"] == "True"
     assert out["stock_is_selector_loop"] == out["loop_subclass"] == out["abstract"] == "True"
+    assert out["isclass"] == "True"
     assert out["not_a_loop"] == "False"
     # A selector given explicitly is the program's choice: asyncio's loop on it.
     assert out["explicit_selector"] != OURS
