@@ -8,82 +8,338 @@
 
 The program is run with :mod:`runpy` as ``__main__`` with ``sys.argv`` and
 ``sys.path[0]`` set as ``python script.py`` / ``python -m module`` would set
-them. Before it starts, :func:`use_socknotify_loop` makes ``asyncio.run``,
-``asyncio.Runner`` (without a ``loop_factory``) and
-``asyncio.new_event_loop`` create a :class:`~socknotify_loop.loop.Loop`:
+them. Before it starts, :func:`use_socknotify_loop` puts
+:class:`~socknotify_loop.loop.Loop` under every way the standard library
+offers to make an event loop (``docs/launcher.md`` lists them, and what
+stays out of reach):
 
-- Python 3.9-3.13: through an event loop policy, which is what all three
-  consult there (``asyncio.run`` -> ``Runner`` -> ``events.new_event_loop``
-  -> the policy), so ``get_event_loop`` and ``get_event_loop_policy()``
-  agree with them.
-- Python 3.14+: policies are deprecated, so instead of setting one (and
-  warning in the user's program) ``asyncio.new_event_loop`` and
+- ``asyncio.run``, ``asyncio.Runner`` without a ``loop_factory``,
+  ``asyncio.new_event_loop`` and ``get_event_loop``. Python 3.9-3.13: through
+  an event loop policy, which is what all of them consult there. Python
+  3.14+: policies are deprecated, so instead of setting one (and warning in
+  the user's program) ``asyncio.new_event_loop`` and
   ``asyncio.events.new_event_loop``, which ``Runner`` calls when it has no
   factory, are replaced by our factory.
+- The loop classes a program may name itself: ``asyncio.SelectorEventLoop``,
+  ``asyncio.ProactorEventLoop`` (Windows) and ``asyncio.EventLoop`` (3.13+),
+  in ``asyncio`` and in the platform module (``asyncio.unix_events`` or
+  ``asyncio.windows_events``), become *stand-ins* for asyncio's classes:
+
+  * calling one without a selector (proactor) makes a Loop; with one, it
+    makes asyncio's own loop on it, since the program chose its I/O
+    mechanism explicitly;
+  * ``isinstance``/``issubclass`` against one answer as against asyncio's
+    class: a Loop is a ``SelectorEventLoop`` (it subclasses it; aiodns and
+    pyzmq check this) and is not a ``ProactorEventLoop`` (psycopg refuses
+    those);
+  * a class statement subclassing one gets asyncio's class as its base,
+    so a program's own loop class is exactly what it is without the
+    launcher.
+- The stock policies (``DefaultEventLoopPolicy``,
+  ``WindowsSelectorEventLoopPolicy``, ``WindowsProactorEventLoopPolicy``)
+  make their loops with the stand-ins, so a program that installs one of
+  them (the usual Windows workaround for psycopg and pyzmq) still runs on a
+  Loop. This is also how uvicorn is reached: ``--loop auto`` (without
+  uvloop installed) and ``--loop asyncio`` return
+  ``asyncio.SelectorEventLoop`` or, on Windows, ``asyncio.ProactorEventLoop``
+  as uvicorn's loop factory (0.36+), or install the Windows policies
+  (earlier versions).
+- ``multiprocessing`` children started by spawn or forkserver (uvicorn's
+  ``--workers`` and ``--reload``) repeat this setup: see
+  :func:`_cover_child_processes`. Forked children inherit it.
 """
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import runpy
 import sys
-from typing import List, Optional, TextIO
+from typing import Any, Callable, List, Optional, TextIO, Tuple
+
+from ._backends import ENVIRONMENT_VARIABLE, backend_from_environment
 
 __all__ = ["main", "use_socknotify_loop", "describe_environment"]
 
 USAGE = """\
 usage: python -m socknotify_loop [--info] [-h] [--version] (script.py | -m module) [args ...]
 
-Run an asyncio program unchanged on socknotify_loop: asyncio.run(),
-asyncio.Runner() and asyncio.new_event_loop() create socknotify_loop loops.
+Run an asyncio program unchanged on socknotify_loop.
 
   script.py [args]   run a script as __main__ (like `python script.py`)
   -m module [args]   run a module as __main__ (like `python -m module`)
   --info             print the notification backend in use and why, the OS
-                     build and the Python version, then exit
+                     build and the Python version, then exit (status 1 if
+                     no loop can be made here)
   --version          print socknotify_loop's version and exit
+
+The program gets a socknotify_loop Loop from:
+  asyncio.run(), asyncio.Runner() and asyncio.new_event_loop() without a
+  loop factory, asyncio.get_event_loop();
+  asyncio.SelectorEventLoop(), asyncio.ProactorEventLoop() (Windows) and
+  asyncio.EventLoop() (3.13+) called without a selector/proactor, also as
+  a loop_factory (uvicorn --loop auto|asyncio|none, auto only without
+  uvloop installed);
+  the policies DefaultEventLoopPolicy, WindowsSelectorEventLoopPolicy and
+  WindowsProactorEventLoopPolicy;
+  all of these in multiprocessing children too (uvicorn --workers/--reload).
+isinstance(loop, asyncio.SelectorEventLoop) is true for it and
+isinstance(loop, asyncio.ProactorEventLoop) false.
+
+Not covered (the program keeps the loop it asks for):
+  uvloop, winloop or any other loop package the program imports itself
+  (uvicorn --loop auto picks uvloop when it is installed; --loop uvloop);
+  a program's own subclass of asyncio.SelectorEventLoop, ProactorEventLoop
+  or BaseEventLoop (it stays a subclass of asyncio's class);
+  SelectorEventLoop(selector) / ProactorEventLoop(proactor) given one
+  explicitly; asyncio's private classes (_UnixSelectorEventLoop, ...);
+  a policy or loop_factory of another package; a Python started with
+  subprocess (start it through python -m socknotify_loop too);
+  type(loop) is asyncio.SelectorEventLoop (the names are stand-ins for
+  asyncio's classes, not classes: use isinstance).
+
+SOCKNOTIFY_BACKEND=epoll|psn|afd forces a backend (case-insensitive).
+More: docs/launcher.md.
 """
+
+
+# -- the loop factory and the stand-ins for asyncio's loop classes -----------------
+
+def _new_loop() -> Any:
+    """A new Loop. Its selector is made first, so a backend that fails to
+    open raises before a half-built loop exists (whose ``__del__`` would
+    print noise about its missing state)."""
+    from .loop import Loop
+    from .selector import NotifySelector
+
+    return Loop(NotifySelector())
+
+
+class _StandIn:
+    """A stand-in for one of asyncio's loop classes (``stock``), whose
+    constructor takes one optional argument named ``explicit``
+    (``selector``/``proactor``); see the module docstring.
+
+    It is not a class itself, so that a class statement naming it as a base
+    goes through :meth:`__mro_entries__` and gets asyncio's class, with
+    whatever metaclass the program asks for. Attribute reads and writes go
+    to asyncio's class (``asyncio.SelectorEventLoop.__init__(self)`` in a
+    subclass, ``__name__``, monkeypatching); ``__class__`` is therefore
+    asyncio's metaclass, so ``isinstance(asyncio.SelectorEventLoop, type)``
+    and ``inspect.isclass`` stay true; and ``__bases__`` is ``(stock,)``,
+    so ``issubclass(asyncio.SelectorEventLoop, X)`` answers as for a
+    subclass of asyncio's class.
+    """
+
+    _OWN = frozenset(("_socknotify_stock", "_socknotify_explicit", "__mro_entries__",
+                      "__bases__", "__repr__", "__call__", "__instancecheck__",
+                      "__subclasscheck__"))
+
+    def __init__(self, stock: type, explicit: str) -> None:
+        object.__setattr__(self, "_socknotify_stock", stock)
+        object.__setattr__(self, "_socknotify_explicit", explicit)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _StandIn._OWN:
+            if name == "__bases__":
+                return (object.__getattribute__(self, "_socknotify_stock"),)
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_socknotify_stock"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._socknotify_stock, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._socknotify_stock, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        stock, explicit = self._socknotify_stock, self._socknotify_explicit
+        if len(args) > 1 or (args and kwargs) or set(kwargs) - {explicit}:
+            return stock(*args, **kwargs)   # asyncio's own TypeError
+        chosen = args[0] if args else kwargs.get(explicit)
+        if chosen is not None:
+            # The program chose how to wait: asyncio's loop on that.
+            return stock(chosen)
+        return _new_loop()
+
+    def __mro_entries__(self, bases: Tuple[Any, ...]) -> Tuple[type, ...]:
+        return (self._socknotify_stock,)
+
+    def __instancecheck__(self, instance: Any) -> bool:
+        return isinstance(instance, self._socknotify_stock)
+
+    def __subclasscheck__(self, subclass: type) -> bool:
+        return issubclass(subclass, self._socknotify_stock)
+
+    def __repr__(self) -> str:
+        stock = self._socknotify_stock
+        return (f"<class '{stock.__module__}.{stock.__qualname__}' "
+                f"(python -m socknotify_loop: makes socknotify_loop.loop.Loop)>")
+
+
+def _install_stand_ins() -> None:
+    """Replace asyncio's loop classes by stand-ins wherever asyncio exports
+    them, and point the stock policies at the stand-ins. Idempotent."""
+    import asyncio
+
+    if sys.platform == "win32":
+        from asyncio import windows_events as platform_module
+    else:
+        from asyncio import unix_events as platform_module
+
+    # vars(), not getattr(): Python 3.14 serves deprecated names through a
+    # module __getattr__ that warns.
+    names = vars(platform_module)
+    stand_ins = {}
+    for name, explicit in (("SelectorEventLoop", "selector"), ("ProactorEventLoop", "proactor")):
+        stock = names.get(name)
+        if isinstance(stock, type) and type(stock) is not _StandIn:
+            stand_ins[stock] = _StandIn(stock, explicit)
+    # Every public name bound to one of those classes: SelectorEventLoop,
+    # ProactorEventLoop and EventLoop (3.13+), in the platform module and
+    # in the asyncio package, which re-exports them.
+    for module in (platform_module, asyncio):
+        for name, value in list(vars(module).items()):
+            if not name.startswith("_") and type(value) is not _StandIn \
+                    and isinstance(value, type) and value in stand_ins:
+                setattr(module, name, stand_ins[value])
+    # The policies (public and, on 3.14+, underscored) keep the class they
+    # make in _loop_factory; BaseDefaultEventLoopPolicy.new_event_loop calls it.
+    for value in list(names.values()):
+        if isinstance(value, type):
+            factory = value.__dict__.get("_loop_factory")
+            if type(factory) is not _StandIn and isinstance(factory, type) \
+                    and factory in stand_ins:
+                value._loop_factory = stand_ins[factory]
 
 
 def use_socknotify_loop() -> None:
     """Make asyncio create :class:`~socknotify_loop.loop.Loop` loops by default
-    (see the module docstring for how, per Python version)."""
+    and for the loop classes and policies a program names itself (see the
+    module docstring for what is covered, and how, per Python version)."""
     import asyncio
     import asyncio.events
 
-    from . import new_event_loop
     from .loop import EventLoopPolicy
 
+    # Loop subclasses asyncio.SelectorEventLoop: loop.py must be imported
+    # (done just above) before the name becomes a stand-in.
+    _install_stand_ins()
     if sys.version_info < (3, 14):
         asyncio.set_event_loop_policy(EventLoopPolicy())
         return
 
     def patched_new_event_loop() -> asyncio.AbstractEventLoop:
         """A new socknotify_loop loop (installed by ``python -m socknotify_loop``)."""
-        return new_event_loop()
+        return _new_loop()
 
     asyncio.events.new_event_loop = patched_new_event_loop
     asyncio.new_event_loop = patched_new_event_loop
 
 
-def describe_environment() -> List[str]:
-    """The lines ``--info`` prints: backend and why, OS build, Python."""
+# -- multiprocessing children -------------------------------------------------------
+
+class _ChildSetup:
+    """Put into the preparation data multiprocessing sends a spawned (or
+    forkserver) child: unpickling it there runs :func:`_setup_child` before
+    the child re-imports the program's main module and unpickles its
+    target, so the child runs on the launcher's terms too. (Forked
+    children inherit the parent's state and need nothing.)"""
+
+    def __reduce__(self) -> Tuple[Callable[[], None], Tuple[()]]:
+        return _setup_child, ()
+
+
+def _setup_child() -> None:
+    """In a multiprocessing child of a launched program: what the launcher
+    did in the parent (the parent checked the backend already)."""
+    _cover_child_processes()
+    use_socknotify_loop()
+
+
+def _cover_child_processes() -> None:
+    """Make multiprocessing's spawned and forkserver children (uvicorn
+    ``--reload``/``--workers``, ProcessPoolExecutor, ...) run
+    :func:`use_socknotify_loop` too. Idempotent."""
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_socknotify_loop", False):
+        return
+
+    def get_preparation_data(name: str) -> dict:
+        data = original(name)
+        # multiprocessing's prepare() ignores keys it does not know.
+        data["socknotify_loop"] = _ChildSetup()
+        return data
+
+    get_preparation_data._socknotify_loop = True  # type: ignore[attr-defined]
+    get_preparation_data.__doc__ = original.__doc__
+    spawn.get_preparation_data = get_preparation_data
+
+
+# -- the backend: checked before the program runs, described by --info ------------
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one line, without the ``[Errno N]`` prefix."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _usable_backend(forced: Optional[str]) -> dict:
+    """``backend_info`` for the backend a Loop would use, after opening and
+    closing a port on it; raises OSError/ValueError/ImportError with the
+    reason when no loop can be made."""
+    from .port import Port, backend_info
+
+    info = backend_info(forced)
+    ok, why = info["available"][info["backend"]]
+    if not ok:
+        raise OSError(errno.ENOSYS, f"backend {info['backend']!r} is not available: {why}")
+    Port(info["backend"]).close()
+    return info
+
+
+def _forced_suffix() -> str:
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    return f" (forced by {ENVIRONMENT_VARIABLE}={value})" if value.strip() else ""
+
+
+def _backend_problem() -> Optional[str]:
+    """None if a Loop can be made here, else why not (one line). Also
+    writes the canonical backend name back to ``SOCKNOTIFY_BACKEND``, for
+    the port, which reads it again, and for child processes."""
+    try:
+        forced = backend_from_environment()
+        if forced is not None:
+            os.environ[ENVIRONMENT_VARIABLE] = forced
+        _usable_backend(forced)
+    except (OSError, ValueError, ImportError) as exc:
+        return _reason(exc) + _forced_suffix()
+    return None
+
+
+def _describe() -> Tuple[List[str], bool]:
+    """``--info``'s lines, and whether a loop can be made here."""
     from . import __version__
-    from .port import backend_info
 
     lines = [f"socknotify_loop {__version__}"]
+    available: dict = {}
+    usable = False
     try:
-        info = backend_info()
-    except (OSError, ValueError) as exc:
-        lines.append(f"backend: none ({exc})")
-        available = {}
+        from .port import available_backends
+        available = available_backends()
+        info = _usable_backend(backend_from_environment())
+    except (OSError, ValueError, ImportError) as exc:
+        lines.append(f"backend: none ({_reason(exc)})")
     else:
         lines.append(f"backend: {info['backend']}")
         lines.append(f"reason: {info['reason']}")
-        available = info["available"]
-    forced = os.environ.get("SOCKNOTIFY_BACKEND")
-    if forced:
-        lines.append(f"forced by SOCKNOTIFY_BACKEND={forced}")
+        usable = True
+    forced = os.environ.get(ENVIRONMENT_VARIABLE, "")
+    if forced.strip():
+        lines.append(f"forced by {ENVIRONMENT_VARIABLE}={forced}")
     for name, (ok, why) in available.items():
         lines.append(f"  {name}: {'available' if ok else 'unavailable'} - {why}")
     if sys.platform == "win32":
@@ -100,7 +356,13 @@ def describe_environment() -> List[str]:
         lines.append(f"os: {platform.platform()}")
     lines.append(f"python: {platform.python_implementation()} {sys.version.split()[0]} "
                  f"({sys.executable})")
-    return lines
+    return lines, usable
+
+
+def describe_environment() -> List[str]:
+    """The lines ``--info`` prints: backend and why (or why none can be
+    used), OS build, Python."""
+    return _describe()[0]
 
 
 def _run_script(path: str, args: List[str]) -> None:
@@ -111,12 +373,42 @@ def _run_script(path: str, args: List[str]) -> None:
     runpy.run_path(path, run_name="__main__")
 
 
-def _run_module(module: str, args: List[str]) -> None:
+def _raised_by_module_lookup(exc: ImportError) -> bool:
+    """Whether runpy raised ``exc`` while looking the module up (no such
+    module, a package without __main__, ...), before any of its code ran:
+    `python -m` reports those in one line. An ImportError of the module's
+    own code, or of its parent package's ``__init__``, has the raising
+    frame further down and keeps its traceback, as under `python -m`."""
+    if type(exc) is not ImportError:
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    lookup: Callable = getattr(runpy, "_get_module_details", None)  # type: ignore[assignment]
+    return lookup is not None and tb.tb_frame.f_code is lookup.__code__
+
+
+def _run_module(module: str, args: List[str]) -> int:
     # As `python -m module` does: the current directory stays sys.path[0]
     # (it already is, since we were started with -m), and runpy sets
     # sys.argv[0] to the module's file.
     sys.argv[:] = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except ImportError as exc:
+        if not _raised_by_module_lookup(exc):
+            raise
+        # `python -m` prints "<python>: No module named x" and exits 1.
+        sys.stderr.write(f"{sys.executable}: {exc}\n")
+        return 1
+    return 0
+
+
+def _refuse(problem: str) -> int:
+    sys.stderr.write(f"socknotify_loop: cannot run the program: {problem}\n")
+    return 1
 
 
 def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
@@ -128,8 +420,9 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
         return 0 if args else 2
     first = args[0]
     if first == "--info":
-        out.write("\n".join(describe_environment()) + "\n")
-        return 0
+        lines, usable = _describe()
+        out.write("\n".join(lines) + "\n")
+        return 0 if usable else 1
     if first == "--version":
         from . import __version__
         out.write(f"socknotify_loop {__version__}\n")
@@ -138,15 +431,24 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
         if len(args) < 2:
             sys.stderr.write("socknotify_loop: -m needs a module name\n" + USAGE)
             return 2
+        problem = _backend_problem()
+        if problem:
+            return _refuse(problem)
+        _cover_child_processes()
         use_socknotify_loop()
-        _run_module(args[1], args[2:])
-        return 0
+        return _run_module(args[1], args[2:])
     if first.startswith("-"):
         sys.stderr.write(f"socknotify_loop: unknown option {first}\n" + USAGE)
         return 2
     if not os.path.exists(first):
-        sys.stderr.write(f"socknotify_loop: can't open file {first!r}: no such file\n")
+        # What `python no_such_file.py` prints, with the same status.
+        sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(first)!r}: "
+                         f"[Errno {errno.ENOENT}] {os.strerror(errno.ENOENT)}\n")
         return 2
+    problem = _backend_problem()
+    if problem:
+        return _refuse(problem)
+    _cover_child_processes()
     use_socknotify_loop()
     _run_script(first, args[1:])
     return 0

@@ -1,10 +1,14 @@
 """`python -m socknotify_loop`: unmodified programs run on our loop."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
+from typing import Optional
 
 import pytest
 
@@ -36,8 +40,10 @@ PROBE = textwrap.dedent("""\
 OURS = "socknotify_loop.loop.Loop"
 
 
-def launch(*args: str, cwd: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def launch(*args: str, cwd: str, check: bool = True,
+           env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    """Run ``python -m socknotify_loop *args``; ``env`` adds variables."""
+    env = {**os.environ, **(env or {})}
     # Where the package under test was imported from: the source tree with
     # its in-place build, or an installed wheel (the Windows runs).
     env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
@@ -136,3 +142,373 @@ def test_info_names_forced_backend(tmp_path, monkeypatch):
 def test_example_program(tmp_path):
     out = launch(os.path.join(REPO, "examples", "asyncio_echo.py"), cwd=str(tmp_path)).stdout
     assert OURS in out
+
+
+# -- programs that choose their own loop ----------------------------------------------
+
+# Prints "<label> <module.qualname of the running loop>" for a loop built by
+# the expression given; the probes below call it once per route.
+LOOP_TYPE = textwrap.dedent("""\
+    import asyncio, sys, warnings
+
+    async def running_type():
+        loop = asyncio.get_running_loop()
+        return f"{type(loop).__module__}.{type(loop).__qualname__}"
+
+    def report(label, loop):
+        try:
+            print(label, loop.run_until_complete(running_type()))
+        finally:
+            loop.close()
+    """)
+
+
+def run_probe(tmp_path, body: str, env: Optional[dict] = None) -> dict:
+    script = tmp_path / "probe.py"
+    script.write_text(LOOP_TYPE + textwrap.dedent(body))
+    return parse(launch(str(script), cwd=str(tmp_path), env=env).stdout)
+
+
+def test_selector_event_loop_class_makes_our_loop(tmp_path):
+    out = run_probe(tmp_path, """\
+        from asyncio import SelectorEventLoop
+        if sys.platform == "win32":
+            from asyncio.windows_events import SelectorEventLoop as platform_class
+        else:
+            from asyncio.unix_events import SelectorEventLoop as platform_class
+        report("call", asyncio.SelectorEventLoop())
+        report("imported", SelectorEventLoop())
+        report("platform", platform_class())
+        if sys.version_info >= (3, 11):
+            with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+                print("runner", runner.run(running_type()))
+        if sys.version_info >= (3, 12):
+            print("run", asyncio.run(running_type(), loop_factory=asyncio.SelectorEventLoop))
+        """)
+    assert out["call"] == out["imported"] == out["platform"] == OURS
+    if sys.version_info >= (3, 11):
+        assert out["runner"] == OURS
+    if sys.version_info >= (3, 12):
+        assert out["run"] == OURS
+
+
+@pytest.mark.skipif(sys.version_info < (3, 13), reason="asyncio.EventLoop is new in 3.13")
+def test_event_loop_alias_makes_our_loop(tmp_path):
+    out = run_probe(tmp_path, """\
+        report("alias", asyncio.EventLoop())
+        print("run", asyncio.run(running_type(), loop_factory=asyncio.EventLoop))
+        """)
+    assert out["alias"] == out["run"] == OURS
+
+
+@pytest.mark.skipif(sys.platform != "win32",
+                    reason="asyncio.ProactorEventLoop exists only on Windows")
+def test_proactor_event_loop_class_makes_our_loop(tmp_path):
+    out = run_probe(tmp_path, """\
+        from asyncio.windows_events import ProactorEventLoop
+        loop = asyncio.ProactorEventLoop()
+        # psycopg refuses a ProactorEventLoop: ours is not one.
+        print("is_proactor", isinstance(loop, asyncio.ProactorEventLoop))
+        report("call", loop)
+        report("imported", ProactorEventLoop())
+        """)
+    assert out["call"] == out["imported"] == OURS
+    assert out["is_proactor"] == "False"
+
+
+@pytest.mark.parametrize("policy", ["DefaultEventLoopPolicy", "WindowsSelectorEventLoopPolicy",
+                                    "WindowsProactorEventLoopPolicy"])
+def test_stock_policy_makes_our_loop(tmp_path, policy):
+    if sys.platform != "win32" and policy.startswith("Windows"):
+        pytest.skip(f"asyncio.{policy} exists only on Windows")
+    out = run_probe(tmp_path, f"""\
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)   # 3.14+
+            policy_class = asyncio.{policy}
+            asyncio.set_event_loop_policy(policy_class())
+
+            class Subclassed(policy_class):
+                pass
+
+        print("run", asyncio.run(running_type()))
+        report("new_event_loop", asyncio.new_event_loop())
+        report("policy", asyncio.get_event_loop_policy().new_event_loop())
+        report("subclass", Subclassed().new_event_loop())
+        """)
+    assert out["run"] == out["new_event_loop"] == out["policy"] == out["subclass"] == OURS
+
+
+def test_isinstance_checks_answer_for_asyncio_classes(tmp_path):
+    out = run_probe(tmp_path, """\
+        import selectors
+        from asyncio import selector_events
+        from socknotify_loop.loop import Loop
+        ours = asyncio.SelectorEventLoop()
+        stock = asyncio.SelectorEventLoop(selectors.DefaultSelector())  # explicit selector
+        print("ours_is_selector_loop", isinstance(ours, asyncio.SelectorEventLoop))
+        print("ours_is_base_selector_loop", isinstance(ours, selector_events.BaseSelectorEventLoop))
+        print("stock_is_selector_loop", isinstance(stock, asyncio.SelectorEventLoop))
+        print("loop_subclass", issubclass(Loop, asyncio.SelectorEventLoop))
+        print("not_a_loop", isinstance(object(), asyncio.SelectorEventLoop))
+        print("abstract", issubclass(asyncio.SelectorEventLoop, asyncio.AbstractEventLoop))
+        print("isclass", __import__("inspect").isclass(asyncio.SelectorEventLoop))
+        if sys.platform == "win32":
+            print("ours_is_proactor", isinstance(ours, asyncio.ProactorEventLoop))
+            print("stock_proactor", isinstance(asyncio.ProactorEventLoop(asyncio.IocpProactor()),
+                                               asyncio.ProactorEventLoop))
+        report("explicit_selector", stock)
+        ours.close()
+        """)
+    assert out["ours_is_selector_loop"] == out["ours_is_base_selector_loop"] == "True"
+    assert out["stock_is_selector_loop"] == out["loop_subclass"] == out["abstract"] == "True"
+    assert out["isclass"] == "True"
+    assert out["not_a_loop"] == "False"
+    # A selector given explicitly is the program's choice: asyncio's loop on it.
+    assert out["explicit_selector"] != OURS
+    assert out["explicit_selector"].startswith("asyncio.")
+    if sys.platform == "win32":
+        assert out["ours_is_proactor"] == "False"
+        assert out["stock_proactor"] == "True"
+
+
+def test_program_subclass_of_selector_event_loop_still_works(tmp_path):
+    out = run_probe(tmp_path, """\
+        import abc
+
+        class Tagged(asyncio.SelectorEventLoop):
+            def __init_subclass__(cls, tag="", **kwargs):
+                super().__init_subclass__(**kwargs)
+                cls.tag = tag
+
+        class MyLoop(Tagged, tag="mine"):
+            def __init__(self):
+                super().__init__()
+                self.made_by_program = True
+
+            def call_soon(self, *args, **kwargs):   # zero-argument super() works
+                self.calls = getattr(self, "calls", 0) + 1
+                return super().call_soon(*args, **kwargs)
+
+        class WithAbc(asyncio.SelectorEventLoop, metaclass=abc.ABCMeta):
+            pass
+
+        loop = MyLoop()
+        print("made_by_program", loop.made_by_program, MyLoop.tag)
+        print("metaclass", type(MyLoop).__name__, type(WithAbc).__name__)
+        base = MyLoop.__mro__[2]   # MyLoop, Tagged, then asyncio's own class
+        print("stock_base", type(base) is type and base.__module__ in
+              ("asyncio.unix_events", "asyncio.windows_events"))
+        print("instance", isinstance(loop, asyncio.SelectorEventLoop))
+        report("subclass", loop)
+        print("calls", loop.calls > 0)
+        report("abc", WithAbc())
+        """)
+    assert out["subclass"].endswith(".MyLoop")
+    assert out["abc"].endswith(".WithAbc")
+    assert out["made_by_program"] == "True mine"
+    assert out["metaclass"] == "type ABCMeta"
+    assert out["stock_base"] == out["instance"] == out["calls"] == "True"
+
+
+APP = textwrap.dedent("""\
+    import asyncio
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        loop = asyncio.get_running_loop()
+        body = f"{type(loop).__module__}.{type(loop).__qualname__}".encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+    """)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(port: int, deadline: float) -> bytes:
+    """GET / from 127.0.0.1:port, retrying until the server listens."""
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+                chunks = []
+                while True:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return b"".join(chunks)
+                    chunks.append(chunk)
+        except (ConnectionRefusedError, ConnectionResetError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize("loop_option", ["auto", "asyncio", "none"])
+def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
+    pytest.importorskip("uvicorn")
+    if loop_option == "auto" and importlib.util.find_spec("uvloop") is not None:
+        pytest.skip("uvloop is installed: uvicorn --loop auto picks it (not covered)")
+    (tmp_path / "app.py").write_text(APP)
+    port = free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
+    # --limit-max-requests 1: uvicorn shuts down by itself after the request.
+    server = subprocess.Popen(
+        [sys.executable, "-m", "socknotify_loop", "-m", "uvicorn", "app:app",
+         "--host", "127.0.0.1", "--port", str(port), "--loop", loop_option,
+         "--limit-max-requests", "1"],
+        cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        response = http_get(port, time.monotonic() + 60)
+        stdout, stderr = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert response.startswith(b"HTTP/1.1 200"), (response, stderr)
+    assert response.split(b"\r\n\r\n", 1)[1].decode() == OURS, stderr
+    assert server.returncode == 0, stderr
+
+
+# -- launcher faults -----------------------------------------------------------------------
+
+def unavailable_backend() -> str:
+    from socknotify_loop.port import available_backends
+    for name, (ok, _) in available_backends().items():
+        if not ok:
+            return name
+    pytest.skip("every backend is available on this machine")
+
+
+def test_info_with_unavailable_backend_fails(tmp_path):
+    name = unavailable_backend()
+    result = launch("--info", cwd=str(tmp_path), check=False,
+                    env={"SOCKNOTIFY_BACKEND": name})
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert f"backend: {name}" not in lines
+    assert any(line.startswith("backend: none (") and repr(name) in line
+               and "not available" in line for line in lines), result.stdout
+    assert f"forced by SOCKNOTIFY_BACKEND={name}" in lines
+
+
+def test_unusable_backend_is_one_error_line(tmp_path):
+    name = unavailable_backend()
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    for args in ([str(script)], ["-m", "asyncio"]):
+        result = launch(*args, cwd=str(tmp_path), check=False, env={"SOCKNOTIFY_BACKEND": name})
+        assert result.returncode == 1
+        assert result.stdout == ""
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, result.stderr
+        assert repr(name) in lines[0] and "not available" in lines[0]
+
+
+def test_backend_name_is_case_insensitive(tmp_path):
+    from socknotify_loop.port import backend_info
+    name = backend_info()["backend"]
+    env = {"SOCKNOTIFY_BACKEND": f" {name.upper()}\t"}
+    info = launch("--info", cwd=str(tmp_path), env=env).stdout.splitlines()
+    assert f"backend: {name}" in info
+    script = tmp_path / "backend.py"
+    script.write_text("import asyncio\nloop = asyncio.new_event_loop()\n"
+                      "print('backend', loop.backend)\nloop.close()\n")
+    assert parse(launch(str(script), cwd=str(tmp_path), env=env).stdout)["backend"] == name
+
+
+def test_unknown_backend_name_lists_the_choices(tmp_path):
+    env = {"SOCKNOTIFY_BACKEND": "kqueue"}
+    info = launch("--info", cwd=str(tmp_path), check=False, env=env)
+    assert info.returncode == 1
+    assert "backend: none (" in info.stdout and "choose from psn, afd, epoll" in info.stdout
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    result = launch(str(script), cwd=str(tmp_path), check=False, env=env)
+    assert result.returncode == 1 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1
+    assert "'kqueue'" in result.stderr and "choose from psn, afd, epoll" in result.stderr
+
+
+def test_parse_backend_name():
+    from socknotify_loop._backends import backend_from_environment, parse_backend_name
+    assert parse_backend_name("epoll") == "epoll"
+    assert parse_backend_name(" EPOLL\n") == "epoll"
+    assert parse_backend_name("Afd") == "afd"
+    assert parse_backend_name("PSN") == "psn"
+    for bad in ("", " ", "kqueue", "epol", "e poll"):
+        with pytest.raises(ValueError, match="choose from psn, afd, epoll"):
+            parse_backend_name(bad)
+    with pytest.raises(TypeError):
+        parse_backend_name(None)  # type: ignore[arg-type]
+    assert backend_from_environment({}) is None
+    assert backend_from_environment({"SOCKNOTIFY_BACKEND": "  "}) is None
+    assert backend_from_environment({"SOCKNOTIFY_BACKEND": "Epoll"}) == "epoll"
+    with pytest.raises(ValueError, match="SOCKNOTIFY_BACKEND='x'"):
+        backend_from_environment({"SOCKNOTIFY_BACKEND": "x"})
+
+
+def python_m(module: str, cwd: str) -> subprocess.CompletedProcess:
+    """What plain `python -m module` does, for comparison."""
+    return subprocess.run([sys.executable, "-m", module], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_missing_module_reported_like_python(tmp_path):
+    package = tmp_path / "pkg_without_main"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for module in ("socknotify_no_such_module", "pkg_without_main", "pkg_without_main.nope"):
+        expected = python_m(module, str(tmp_path))
+        result = launch("-m", module, cwd=str(tmp_path), check=False)
+        assert expected.returncode == 1
+        assert (result.returncode, result.stdout, result.stderr) == \
+            (expected.returncode, expected.stdout, expected.stderr)
+        assert len(result.stderr.splitlines()) == 1
+
+
+def test_import_error_inside_module_keeps_its_traceback(tmp_path):
+    (tmp_path / "imports_missing.py").write_text("import socknotify_no_such_dependency\n")
+    result = launch("-m", "imports_missing", cwd=str(tmp_path), check=False)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr
+    assert "No module named 'socknotify_no_such_dependency'" in result.stderr
+
+
+def test_multiprocessing_children_run_on_our_loop(tmp_path):
+    # uvicorn --workers/--reload start their servers this way (spawn).
+    script = tmp_path / "children.py"
+    script.write_text(textwrap.dedent("""\
+        import asyncio, multiprocessing
+
+        async def running_type():
+            loop = asyncio.get_running_loop()
+            return f"{type(loop).__module__}.{type(loop).__qualname__}"
+
+        def child(queue):
+            queue.put(asyncio.run(running_type()))
+            loop = asyncio.SelectorEventLoop()
+            queue.put(f"{type(loop).__module__}.{type(loop).__qualname__}")
+            loop.close()
+
+        if __name__ == "__main__":
+            for method in multiprocessing.get_all_start_methods():
+                context = multiprocessing.get_context(method)
+                queue = context.Queue()
+                process = context.Process(target=child, args=(queue,))
+                process.start()
+                print(method, queue.get(timeout=60), queue.get(timeout=60))
+                process.join(60)
+                print(method + "_exit", process.exitcode)
+        """))
+    out = parse(launch(str(script), cwd=str(tmp_path)).stdout)
+    assert "spawn" in out
+    for method in ("fork", "spawn", "forkserver"):
+        if method in out:
+            assert out[method] == f"{OURS} {OURS}"
+            assert out[method + "_exit"] == "0"

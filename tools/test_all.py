@@ -3,11 +3,14 @@
 
 Installs tox if it is missing, makes the pyenv Pythons 3.9-3.13 visible to it
 (PYENV_VERSION lists every installed one, so the shims resolve python3.X),
-then runs tox's whole envlist: Linux tests on each Python, the sanitizer run,
-the sdist-to-wheel check, and the Wine suites (which install Wine, mingw-w64 and the Windows Pythons
+installs Debian's pypy3 and pypy3-dev (as root, with apt-get) when the
+pypy3 environment will run and they are missing, then runs tox's whole
+envlist: Linux tests on each Python and on PyPy, the sanitizer run, the
+sdist-to-wheel check, and the Wine suites (which install Wine, mingw-w64 and the Windows Pythons
 themselves). Exits with tox's status.
 """
 import os
+import shutil
 import subprocess
 import sys
 
@@ -24,11 +27,50 @@ def pyenv_versions():
     return sorted(found, key=lambda v: v != current)
 
 
+def pypy_ready():
+    """pypy3 on PATH with its C headers (pypy3-dev), which building the core needs."""
+    if not shutil.which("pypy3"):
+        return False
+    probe = ("import os, sysconfig; "
+             "print(os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))")
+    result = subprocess.run(["pypy3", "-c", probe], capture_output=True, text=True)
+    return result.stdout.strip() == "True"
+
+
+def selected_envs(tox_args):
+    """The environments named with -e, or None for tox's whole envlist."""
+    for i, arg in enumerate(tox_args):
+        if arg == "--":
+            break
+        if arg == "-e" and i + 1 < len(tox_args):
+            return tox_args[i + 1].split(",")
+        if arg.startswith("-e") and len(arg) > 2:
+            return arg[2:].lstrip("=").split(",")
+    return None
+
+
+def ensure_pypy(tox_args):
+    """Install pypy3 and pypy3-dev for tox's pypy3 env if it will run."""
+    envs = selected_envs(tox_args)
+    if envs is not None and "pypy3" not in envs and "ALL" not in envs:
+        return
+    if pypy_ready():
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        sys.exit("tox's pypy3 env needs PyPy and its headers: "
+                 "apt-get install -y pypy3 pypy3-dev")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.check_call(["apt-get", "update", "-qq"], env=env)
+    subprocess.check_call(["apt-get", "install", "-y", "-qq", "pypy3", "pypy3-dev"], env=env,
+                          stdout=subprocess.DEVNULL)
+
+
 def main():
     try:
         import tox  # noqa: F401
     except ImportError:
         subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "tox>=4"])
+    ensure_pypy(sys.argv[1:])
     env = dict(os.environ)
     versions = pyenv_versions()
     if versions:

@@ -12,6 +12,7 @@ it; the Windows Python under Wine gets a copy of the same minor version).
 from __future__ import annotations
 
 import importlib
+import platform
 import sys
 from typing import Optional
 
@@ -24,7 +25,8 @@ def cpython_test_module(name: str):
         return importlib.import_module(f"test.{name}")
     except ImportError as exc:
         pytest.skip(f"CPython's test.{name} is not available in this Python "
-                    f"({sys.version.split()[0]}): {exc}", allow_module_level=True)
+                    f"({platform.python_implementation()} {sys.version.split()[0]}): {exc}",
+                    allow_module_level=True)
 
 
 def first_attr(module, *names: str) -> Optional[type]:
