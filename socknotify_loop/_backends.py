@@ -12,7 +12,8 @@ from typing import Mapping, Optional, Tuple
 __all__ = ["BACKEND_NAMES", "ENVIRONMENT_VARIABLE", "parse_backend_name",
            "backend_from_environment"]
 
-#: Every backend the C core knows, best first (the automatic choice's order).
+#: Every backend the C core knows. (Which one is preferred where several
+#: are available is decided in one place, the C core's backend table.)
 BACKEND_NAMES: Tuple[str, ...] = ("psn", "afd", "epoll")
 
 #: The environment variable that forces a backend.

@@ -107,7 +107,13 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
 
     def __init__(self, selector: Optional[NotifySelector] = None) -> None:
         if selector is None:
-            selector = NotifySelector()
+            try:
+                selector = NotifySelector()
+            except BaseException:
+                # asyncio's __init__ never ran: without this, __del__ would
+                # add "Exception ignored ... '_closed'" to the real error.
+                self._closed = True
+                raise
         elif not isinstance(selector, NotifySelector):
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
         super().__init__(selector)

@@ -10,9 +10,9 @@ registrations are applied and notifications are dequeued in ONE call,
         for key, events in port.process([reg], timeout=1.0):
             ...
 
-This module is the only importer of the compiled ``_socknotify`` module; it
-turns the core's error codes into the exceptions ``socket`` and
-``selectors`` raise.
+This module is the only user of the compiled core (imported through
+``_core_import``, which explains an unbuilt source tree); it turns the
+core's error codes into the exceptions ``socket`` and ``selectors`` raise.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import sys
 import threading
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+from ._backends import backend_from_environment, parse_backend_name
 from ._core_import import ffi, lib
 
 __all__ = [
@@ -216,17 +217,13 @@ def available_backends() -> Dict[str, Tuple[bool, str]]:
 def _requested_backend(backend: Optional[str]) -> str:
     """The backend a new Port uses: ``backend``, else SOCKNOTIFY_BACKEND,
     else the core's choice (its order of preference is the only one)."""
-    if backend is None:
-        backend = os.environ.get("SOCKNOTIFY_BACKEND") or None
-    if backend is None:
+    name = backend_from_environment() if backend is None else parse_backend_name(backend)
+    if name is None:
         number = lib.sn_backend_default()
         for name, value in _BACKENDS.items():
             if value == number:
                 return name
         raise OSError(errno.ENOSYS, f"no notification backend on {sys.platform}")
-    name = backend.strip().lower() if isinstance(backend, str) else backend
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown backend {backend!r} (choose from {', '.join(_BACKENDS)})")
     return name
 
 
