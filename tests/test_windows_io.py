@@ -63,29 +63,26 @@ def run(loop, coro, timeout=60):
 
 # -- the selector: which notifications are I/O completions ----------------------
 
-def test_io_completion_is_never_taken_for_a_socket(monkeypatch):
-    """An OVERLAPPED address that equals a registration's port key is an I/O
-    completion (EVENT_IO), not readiness of that socket."""
+@windows_only
+def test_io_completion_is_never_taken_for_a_socket():
+    """An OVERLAPPED address that equals a registration's slot is an I/O
+    completion (EVENT_IO), not readiness of that socket: the core keeps the
+    two apart, and select() hands the completion to io_completions."""
+    import ctypes
+    from socknotify_loop.port import IO_COMPLETION_KEY
+    post = ctypes.windll.kernel32.PostQueuedCompletionStatus
+    post.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p]
     selector = NotifySelector()
     a, b = socket.socketpair()
     try:
         key = selector.register(a, 1)   # EVENT_READ
-        port_key = selector._port_key_of_fd[key.fd]
-
-        def fake_process_batch(changes, timeout, max_events=1024, rearm=False):
-            return [(port_key, EVENT_IO)], []
-
-        monkeypatch.setattr(selector._port, "process_batch", fake_process_batch)
-        assert selector.select(0) == []
-        assert selector.io_completions == [port_key]
-
-        def readable(changes, timeout, max_events=1024, rearm=False):
-            return [(port_key, EVENT_IN)], []
-
-        monkeypatch.setattr(selector._port, "process_batch", readable)
-        assert [k.fileobj for k, _ in selector.select(0)] == [a]
+        slot = selector._records[key.fd].slot
+        assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, slot)
+        assert selector.select(1) == []
+        assert selector.io_completions == [slot]
+        b.send(b"x")
+        assert [k.fileobj for k, _ in selector.select(1)] == [a]
     finally:
-        monkeypatch.undo()
         selector.close()
         a.close()
         b.close()

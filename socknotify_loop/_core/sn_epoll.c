@@ -262,10 +262,11 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
                           int64_t timeout_ms, sn_kevent_t *events,
                           uint32_t max_events, uint32_t *received, uint32_t *dropped) {
     epoll_port_t *ep = port->impl;
-    /* One wait takes at most this many; more stay ready in the kernel
-       for the next wait (level and one-shot items alike). */
+    /* Read in batches of this many: the common wait (a few events) costs
+       no allocation; a wait that fills a batch is followed by non-blocking
+       ones until max_events is reached or the kernel has no more. */
     struct epoll_event ready[256];
-    uint32_t i, n = 0, ready_cap = 256;
+    uint32_t i, n = 0;
     int wait_ms, got, j, woken = 0, failed = 0;
     int err = 0;
 
@@ -279,12 +280,8 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
     }
     if (max_events == 0)
         return 0;    /* registrations only */
-    if (max_events < ready_cap)
-        ready_cap = max_events;
 
-    n = epoll__queue_take(port, events, ready_cap, 0);
-    if (n == ready_cap)
-        goto out;
+    n = epoll__queue_take(port, events, max_events, 0);
     /* A failed change is news for the caller now: poll, do not block. */
     if (n > 0 || timeout_ms == 0 || failed)
         wait_ms = 0;
@@ -292,30 +289,38 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
         wait_ms = -1;
     else
         wait_ms = timeout_ms > 0x7fffffff ? 0x7fffffff : (int)timeout_ms;
-    SN_COUNT(port, SN_COUNT_WAITS);
-    got = epoll_wait(ep->epfd, ready, (int)(ready_cap - n), wait_ms);
-    if (got < 0) {
-        /* EINTR: the caller hears of it (its signal handler runs next). */
-        err = errno;
-        goto out;
-    }
-    for (j = 0; j < got; j++) {
-        if (ready[j].data.u64 == SN_EPOLL_WAKE_KEY) {
-            woken = 1;
-            continue;
+    while (n < max_events) {
+        uint32_t room = max_events - n;
+        int batch = room < 256 ? (int)room : 256;
+        SN_COUNT(port, SN_COUNT_WAITS);
+        got = epoll_wait(ep->epfd, ready, batch, wait_ms);
+        if (got < 0) {
+            /* EINTR: the caller hears of it (its signal handler runs next),
+               unless there is something to report already. */
+            if (n == 0)
+                err = errno;
+            break;
         }
-        events[n].key = ready[j].data.u64;
-        events[n].events = epoll__events(ready[j].events);
-        events[n].posted = 0;
-        n++;
+        for (j = 0; j < got; j++) {
+            if (ready[j].data.u64 == SN_EPOLL_WAKE_KEY) {
+                woken = 1;
+                continue;
+            }
+            events[n].key = ready[j].data.u64;
+            events[n].events = epoll__events(ready[j].events);
+            events[n].posted = 0;
+            n++;
+        }
+        if (got < batch)
+            break;
+        wait_ms = 0;    /* a full batch: take what else is ready, no wait */
     }
     if (woken) {
-        uint32_t taken = epoll__queue_take(port, events + n, ready_cap - n, 1);
+        uint32_t taken = epoll__queue_take(port, events + n, max_events - n, 1);
         n += taken;
         if (taken == 0)
             *dropped = 1;   /* a wake-up for nothing we can report */
     }
-out:
     *received = n;
     return err;
 }
