@@ -16,3 +16,11 @@ class NotifySelectorTestCase(test_selectors.BaseSelectorTestCase,
                              test_selectors.ScalableSelectorMixIn,
                              unittest.TestCase):
     SELECTOR = NotifySelector
+
+
+if hasattr(test_selectors, "EpollSelectorTestCase"):
+    # Linux: CPython's epoll-specific tests too (test_register_file: a
+    # regular file is refused at register() and leaves no key behind), so
+    # NotifySelector is held to exactly what EpollSelector does there.
+    class NotifySelectorAsEpollTestCase(test_selectors.EpollSelectorTestCase):
+        SELECTOR = NotifySelector
