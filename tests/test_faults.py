@@ -68,18 +68,34 @@ def run_child(code: str, timeout: float = 60.0, env=None) -> str:
     output."""
     child_env = dict(os.environ)
     child_env.update(env or {})
-    try:
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                              stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=timeout, env=child_env)
-    except subprocess.TimeoutExpired as exc:
+    code = textwrap.dedent(code)
+    if WINDOWS:
+        # A crash must end the child, not start Wine's (or Windows') crash
+        # debugger, which keeps it alive: SEM_FAILCRITICALERRORS |
+        # SEM_NOGPFAULTERRORBOX.
+        code = "import ctypes; ctypes.windll.kernel32.SetErrorMode(3)\n" + code
+    # Output goes to files, not pipes: a killed child's descendants (a
+    # crash debugger) cannot keep us waiting for the pipes to close.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                                 stdout=out, stderr=err, env=child_env, text=True)
+        try:
+            returncode = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(10)
+            returncode = None
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if returncode is None:
         pytest.fail(f"the child hung (killed after {timeout} s); output: "
-                    f"{exc.stdout!r} {exc.stderr!r}")
-    assert done.returncode == 0, (
-        f"child exited with {done.returncode}"
-        f"{' (killed by signal %d)' % -done.returncode if done.returncode < 0 else ''}:\n"
-        f"stdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}")
-    return done.stdout
+                    f"{stdout[-3000:]!r} {stderr[-3000:]!r}")
+    signal_note = f" (killed by signal {-returncode})" if returncode < 0 else ""
+    assert returncode == 0, (
+        f"child exited with {returncode} ({returncode & 0xFFFFFFFF:#x}){signal_note}:\n"
+        f"stdout: {stdout[-3000:]}\nstderr: {stderr[-3000:]}")
+    return stdout
 
 
 def wait_in_thread(target, timeout: float):
