@@ -105,7 +105,7 @@ def wait_in_thread(target, timeout: float):
     def runner():
         try:
             box.append(("ok", target()))
-        except BaseException as exc:  # reported to the test
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
             box.append(("raised", exc))
 
     thread = threading.Thread(target=runner, daemon=True)
@@ -118,16 +118,17 @@ def wait_in_thread(target, timeout: float):
 
 
 def test_close_racing_process_never_crashes(backend):
-    """A thread polls the port in a loop while the main thread closes it, a
-    few thousand times: no crash (the child is killed by SIGSEGV on a
-    use-after-free), and once close() has returned, process() and post()
-    raise ValueError("I/O operation on closed port")."""
+    """Threads poll the port in a loop while the main thread closes it,
+    thousands of times (for 8 s at most): no crash (a use-after-free in
+    post killed the child with SIGSEGV), and once close() has returned,
+    process() and post() raise ValueError("I/O operation on closed port")."""
     out = run_child(f"""
-        import threading
+        import threading, time
         from socknotify_loop.port import Port
-        REPEATS = 3000
-        closed_errors = 0
-        for i in range(REPEATS):
+        stop_at = time.monotonic() + 8
+        repeats = 0
+        while repeats < 20000 and time.monotonic() < stop_at:
+            repeats += 1
             port = Port({backend!r})
             started = threading.Event()
 
@@ -140,8 +141,8 @@ def test_close_racing_process_never_crashes(backend):
                         assert "closed port" in str(exc), exc
                         return
 
-            thread = threading.Thread(target=poll)
-            thread.start()
+            threads = [threading.Thread(target=poll)]
+            threads[0].start()
             started.wait()
             port.close()
             for call in (lambda: port.process([], 0), lambda: port.post(1)):
@@ -149,14 +150,14 @@ def test_close_racing_process_never_crashes(backend):
                     call()
                 except ValueError as exc:
                     assert str(exc) == "I/O operation on closed port", exc
-                    closed_errors += 1
                 else:
                     raise AssertionError("a closed port accepted a call")
-            thread.join(10)
-            assert not thread.is_alive(), "the polling thread never saw the close"
-        print("ok", closed_errors)
+            for thread in threads:
+                thread.join(10)
+                assert not thread.is_alive(), "a polling thread never saw the close"
+        print("ok", repeats)
     """, timeout=120)
-    assert out.split() == ["ok", "6000"]
+    assert out.split()[0] == "ok"
 
 
 def test_thread_stress_close_post_process(backend):
@@ -251,7 +252,7 @@ def test_close_wakes_every_waiter(backend, waiters):
 def _register_outcome(selector, fileobj, events=READ):
     try:
         selector.register(fileobj, events)
-    except Exception as exc:
+    except (OSError, ValueError, KeyError) as exc:
         return type(exc), getattr(exc, "errno", None)
     return None, None
 
@@ -320,7 +321,7 @@ def test_modify_to_unpollable_file_raises_like_epoll():
                     os.dup2(f.fileno(), fd)   # the number now names the file
                     try:
                         sel.modify(fd, READ | WRITE)
-                    except Exception as exc:
+                    except (OSError, ValueError, KeyError) as exc:
                         got = (type(exc), getattr(exc, "errno", None))
                     else:
                         got = (None, None)
@@ -373,7 +374,7 @@ def test_failed_change_never_leaves_select_blocked(backend):
         else:
             registered = True
         if registered:
-            finished, outcome, _ = wait_in_thread(lambda: sel.select(None), 5)
+            finished, _outcome, _ = wait_in_thread(lambda: sel.select(None), 5)
             if not finished:
                 sel.port.post(WAKEUP_KEY)   # unblock it before failing
                 pytest.fail("select(None) blocked on a registration that cannot succeed")
@@ -772,8 +773,9 @@ def test_huge_max_events_does_not_allocate_it():
         port = Port("epoll")
         port.post(1)
         before = rss()
+        got = []
         for _ in range(3):
-            got = port.process([], 0, max_events=10**8)
+            got += port.process([], 0, max_events=10**8)
         port.post(2)
         got += port.process([], 0, max_events=10**8)
         grown = rss() - before
@@ -806,6 +808,7 @@ def test_windows_shared_socket_closed_while_registered(backend):
         a.close()
         ready, wall, cpu = _idle_select_cost(sel, 1.0)
         assert ready == []
+        assert wall >= 0.9, wall
         assert cpu < IDLE_CPU_LIMIT, f"select(1.0) burnt {cpu:.2f} s"
         # New sockets until one reuses the handle value, registered for READ
         # with nothing to read: nothing may be reported for it.
@@ -818,7 +821,7 @@ def test_windows_shared_socket_closed_while_registered(backend):
                     break
             reuse = next((s for s in fresh if s.fileno() == number), fresh[0])
             sel.register(reuse, READ)
-            ready, wall, cpu = _idle_select_cost(sel, 0.5)
+            ready, _wall, cpu = _idle_select_cost(sel, 0.5)
             assert ready == [], ready
             assert cpu < IDLE_CPU_LIMIT
         finally:
