@@ -250,6 +250,8 @@ class SelectorVersusReference(RuleBasedStateMachine):
     # -- the comparison after every step ----------------------------------------
 
     def _ready(self, selector):
+        if selector is self.ref and WINDOWS and not selector.get_map():
+            return []   # Windows select() refuses three empty sets (WSAEINVAL)
         return sorted((key.fd, mask) for key, mask in selector.select(0))
 
     @invariant()
