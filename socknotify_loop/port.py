@@ -300,7 +300,9 @@ class Port:
 
     @property
     def registered(self) -> int:
-        """Number of live registrations (0 once closed)."""
+        """Number of live registrations."""
+        if self.closed:
+            raise self._closed_error()
         return int(lib.sn_port_registered(self._handle))
 
     @property

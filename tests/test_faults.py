@@ -282,13 +282,14 @@ def test_register_fd_not_open_raises_ebadf_and_number_is_reusable():
     """A descriptor that is not open: OSError(EBADF) at register(); nothing
     registered; registering a good socket that gets the same number works."""
     with selectors.EpollSelector() as reference, NotifySelector() as sel:
-        # A number that is not open (taken after the selectors' own).
+        a, b = pair()
+        # A number that is not open (taken after the selectors' and the
+        # pair's own, so the pair cannot land on it).
         fd = os.open(os.devnull, os.O_RDONLY)
         os.close(fd)
         assert _register_outcome(reference, fd) == (OSError, errno.EBADF)
         assert _register_outcome(sel, fd) == (OSError, errno.EBADF)
         assert fd not in sel.get_map()
-        a, b = pair()
         with a, b:
             os.dup2(a.fileno(), fd)
             try:
@@ -695,14 +696,16 @@ def test_held_notifications_survive_invalid_registration(backend, invalid):
 
 @pytest.mark.timeout(30)
 def test_held_notifications_survive_unpackable_batch(backend):
-    """The same through process_batch, the selector's fast path, with a
-    change whose events do not fit the registration record."""
+    """The same through the selector's direct path (Port._apply), with a
+    change whose events do not fit the registration record: the ValueError
+    comes before anything is taken."""
+    from socknotify_loop.port import Change
     port = Port(backend)
     a, b = _hold_a_notification(port)
     try:
-        bad = (a.fileno(), 3, 1 << 20, OP_ENABLE, TRIGGER_LEVEL | TRIGGER_ONESHOT)
+        bad = Change(a.fileno(), 3, 1 << 20, OP_ENABLE, TRIGGER_LEVEL | TRIGGER_ONESHOT)
         with pytest.raises(ValueError):
-            port.process_batch([bad], 0)
+            port._apply([bad])
         got = port.process([], 1.0)
         assert (1, EVENT_IN) in [(key, events & EVENT_IN) for key, events in got], got
     finally:

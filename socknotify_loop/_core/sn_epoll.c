@@ -233,7 +233,9 @@ static uint32_t epoll__apply(sn_port_t *port, const sn_registration_t *reg) {
         ev.data.u64 = reg->key;
         if (epoll__ctl(port, EPOLL_CTL_MOD, fd, &ev) == 0)
             return 0;
-        if (errno != ENOENT)
+        /* ENOENT for a registration the kernel had: its fd was closed
+           (and the number may be another file's now). */
+        if (errno != ENOENT || (reg->trigger & SN_TRIGGER_MODIFY_ONLY))
             return (uint32_t)errno;
         if (epoll__ctl(port, EPOLL_CTL_ADD, fd, &ev) == 0)
             return 0;

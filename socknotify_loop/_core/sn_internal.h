@@ -79,7 +79,15 @@ typedef struct sn_record {
     uint8_t  trigger;     /* the trigger flags of the last ENABLE */
     uint8_t  state;       /* SN_RECORD_* */
     uint8_t  delivered;   /* one-shot, delivered, waiting for a REARM call */
+    uint8_t  in_kernel;   /* enabled in the kernel (and not disabled since) */
 } sn_record_t;
+
+/* Set by the port layer in a kernel registration's trigger (never by a
+   caller: outside SN_TRIGGER_*): the registration is already in the
+   kernel, so ENABLE must modify it and fail if the kernel no longer has
+   it -- the descriptor was closed, and its number may name another file
+   now, which must not inherit the old registration. Backends strip it. */
+#define SN_TRIGGER_MODIFY_ONLY 0x80
 
 enum {
     SN_RECORD_FREE = 0,

@@ -256,7 +256,8 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         kregs[i].completionKey = (PVOID)(uintptr_t)regs[i].key;
         kregs[i].eventFilter = regs[i].events;
         kregs[i].operation = regs[i].op;
-        kregs[i].triggerFlags = regs[i].trigger;
+        /* The kernel (or the polyfill) tracks registrations itself. */
+        kregs[i].triggerFlags = regs[i].trigger & (UINT8)~SN_TRIGGER_MODIFY_ONLY;
         kregs[i].registrationResult = ERROR_SUCCESS;
     }
 

@@ -229,6 +229,7 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
     sn__index_remove(port, record->socket, slot);
     record->state = SN_RECORD_FREE;
     record->delivered = 0;
+    record->in_kernel = 0;
     record->generation = (record->generation + 1) & 0x7fffffffu;
     if (record->generation == 0)
         record->generation = 1;
@@ -540,6 +541,8 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
             if (record == NULL || record->state != SN_RECORD_LIVE) {
                 if ((err = sn__record_new(port, reg->socket, reg->key, &slot)) != 0)
                     break;
+            } else if (record->in_kernel) {
+                kreg->trigger |= SN_TRIGGER_MODIFY_ONLY;
             }
             port->records[slot].events = reg->events;
             port->records[slot].trigger = reg->trigger;
@@ -596,9 +599,13 @@ static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         if (SN_KERNEL_KEY(p->slot, record->generation) != kregs[i].key)
             continue;
         if (kregs[i].result == 0) {
+            if (kregs[i].op == SN_OP_ENABLE)
+                record->in_kernel = 1;
+            else if (kregs[i].op == SN_OP_DISABLE)
+                record->in_kernel = 0;
             /* A quiet REMOVE retires now: nothing more will be reported
                under this registration's key. */
-            if (kregs[i].op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE))
+            else if (kregs[i].op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE))
                 sn__record_retire(port, p->slot);
             continue;
         }
@@ -738,7 +745,11 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
         kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
         kregs[n].events = record->events;
         kregs[n].op = SN_OP_ENABLE;
-        kregs[n].trigger = record->trigger;
+        /* A re-arm renews what the kernel has: if the descriptor was
+           closed meanwhile, it must fail, not arm whatever file took the
+           number (the failure retires the record silently). */
+        kregs[n].trigger = (uint8_t)(record->trigger |
+                                     (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : 0));
         kregs[n].result = 0;
         pending[n].slot = slot;
         pending[n].skip = 0;
