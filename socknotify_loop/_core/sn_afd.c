@@ -994,7 +994,7 @@ void sn_afd_counters(HANDLE iocp, uint64_t *counters) {
     for (ap = afd__registry; ap != NULL; ap = ap->registry_next) {
         if (ap->iocp == iocp) {
             for (i = SN_COUNT_AFD_POLLS; i <= SN_COUNT_AFD_POSTS; i++)
-                counters[i] += ap->counters[i];
+                counters[i] += sn_atomic_load64(&ap->counters[i]);
             break;
         }
     }

@@ -264,13 +264,22 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
                           int64_t timeout_ms, sn_kevent_t *events,
                           uint32_t max_events, uint32_t *received, uint32_t *dropped) {
     epoll_port_t *ep = port->impl;
-    /* Read in batches of this many: the common wait (a few events) costs
-       no allocation; a wait that fills a batch is followed by non-blocking
-       ones until max_events is reached or the kernel has no more. */
-    struct epoll_event ready[256];
+    /* epoll_wait writes its answer straight into the caller's event
+       array: no allocation, whatever max_events is, and ONE wait (a second
+       one would report a persistent level registration twice). A struct
+       epoll_event (12 bytes on x86-64, where it is packed; at most 16
+       elsewhere) is never larger than an sn_kevent_t (16), so the answer
+       fits in the room left, and it is widened in place from the last
+       entry down: entry j is read before anything is written over it,
+       since the events written so far all lie above it. */
+    char *raw;
+    struct epoll_event ev;
     uint32_t i, n = 0;
     int wait_ms, got, j, woken = 0, failed = 0;
     int err = 0;
+
+    typedef char epoll_event_fits[sizeof(struct epoll_event) <= sizeof(sn_kevent_t) ? 1 : -1];
+    (void)sizeof(epoll_event_fits);
 
     *received = 0;
     *dropped = 0;
@@ -284,6 +293,8 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
         return 0;    /* registrations only */
 
     n = epoll__queue_take(port, events, max_events, 0);
+    if (n == max_events)
+        goto out;
     /* A failed change is news for the caller now: poll, do not block. */
     if (n > 0 || timeout_ms == 0 || failed)
         wait_ms = 0;
@@ -291,38 +302,40 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
         wait_ms = -1;
     else
         wait_ms = timeout_ms > 0x7fffffff ? 0x7fffffff : (int)timeout_ms;
-    while (n < max_events) {
-        uint32_t room = max_events - n;
-        int batch = room < 256 ? (int)room : 256;
-        SN_COUNT(port, SN_COUNT_WAITS);
-        got = epoll_wait(ep->epfd, ready, batch, wait_ms);
-        if (got < 0) {
-            /* EINTR: the caller hears of it (its signal handler runs next),
-               unless there is something to report already. */
-            if (n == 0)
-                err = errno;
-            break;
-        }
-        for (j = 0; j < got; j++) {
-            if (ready[j].data.u64 == SN_EPOLL_WAKE_KEY) {
-                woken = 1;
-                continue;
-            }
-            events[n].key = ready[j].data.u64;
-            events[n].events = epoll__events(ready[j].events);
-            events[n].posted = 0;
-            n++;
-        }
-        if (got < batch)
-            break;
-        wait_ms = 0;    /* a full batch: take what else is ready, no wait */
+    raw = (char *)(events + n);
+    SN_COUNT(port, SN_COUNT_WAITS);
+    got = epoll_wait(ep->epfd, (struct epoll_event *)(void *)raw,
+                     (int)(max_events - n), wait_ms);
+    if (got < 0) {
+        /* EINTR: the caller hears of it (its signal handler runs next),
+           unless there is something to report already. */
+        if (n == 0)
+            err = errno;
+        goto out;
     }
+    for (j = got - 1; j >= 0; j--) {
+        sn_kevent_t *kev = &events[n + (uint32_t)j];
+        memcpy(&ev, raw + (size_t)j * sizeof ev, sizeof ev);
+        kev->key = ev.data.u64;
+        kev->events = epoll__events(ev.events);
+        kev->posted = 0;
+    }
+    /* The eventfd's entries are not events: squeeze them out. */
+    for (j = 0; j < got; j++) {
+        if (events[n + (uint32_t)j].key == SN_EPOLL_WAKE_KEY) {
+            woken = 1;
+            continue;
+        }
+        events[n + (uint32_t)(j - woken)] = events[n + (uint32_t)j];
+    }
+    n += (uint32_t)(got - woken);
     if (woken) {
         uint32_t taken = epoll__queue_take(port, events + n, max_events - n, 1);
         n += taken;
         if (taken == 0)
             *dropped = 1;   /* a wake-up for nothing we can report */
     }
+out:
     *received = n;
     return err;
 }

@@ -68,6 +68,9 @@ static __inline void sn_atomic_store(volatile long *p, long v) { _InterlockedExc
 static __inline void sn_atomic_add64(volatile uint64_t *p, uint64_t v) {
     _InterlockedExchangeAdd64((volatile __int64 *)p, (__int64)v);
 }
+static __inline uint64_t sn_atomic_load64(volatile uint64_t *p) {
+    return (uint64_t)_InterlockedOr64((volatile __int64 *)p, 0);
+}
 #else
 static inline long sn_atomic_inc(volatile long *p) {
     return __atomic_add_fetch(p, 1, __ATOMIC_SEQ_CST);
@@ -87,6 +90,9 @@ static inline void sn_atomic_store(volatile long *p, long v) {
 }
 static inline void sn_atomic_add64(volatile uint64_t *p, uint64_t v) {
     __atomic_add_fetch(p, v, __ATOMIC_RELAXED);
+}
+static inline uint64_t sn_atomic_load64(volatile uint64_t *p) {
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 #endif
 

@@ -413,7 +413,7 @@ uint32_t sn_port_counters(sn_port_t *port, uint64_t *out, uint32_t n) {
     if (n > SN_COUNTERS)
         n = SN_COUNTERS;
     for (i = 0; i < SN_COUNTERS; i++)
-        all[i] = port->counters[i];
+        all[i] = sn_atomic_load64(&port->counters[i]);
     if (port->ops->add_counters != NULL && sn__enter(port) == 0) {
         port->ops->add_counters(port, all);
         sn__leave(port);
@@ -469,7 +469,7 @@ void sn_port_free(sn_port_t *port) {
     if (port == NULL)
         return;
     sn_port_close(port);
-    if (!port->closed && !sn__inherited(port)) {
+    if (!sn_atomic_load(&port->closed) && !sn__inherited(port)) {
         /* Closed by another thread that is still releasing: only the
            owner of the last reference calls us, so that thread is inside
            sn_port_close(); wait for it. */

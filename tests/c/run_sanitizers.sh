@@ -13,10 +13,17 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 flags="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -Wall -Wextra -Werror"
 
-gcc $flags -I"$core" "$here/test_core_posix.c" "$core/sn_port.c" "$core/sn_epoll.c" \
+core_sources=("$core/sn_port.c" "$core/sn_epoll.c" "$core/sn_platform_posix.c")
+gcc $flags -I"$core" "$here/test_core_posix.c" "${core_sources[@]}" \
     -lpthread -o "$out/test_core_posix"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     "$out/test_core_posix"
+
+# The same driver under ThreadSanitizer: close() racing waiters, posters
+# and selects must show no data race.
+gcc -g -O1 -fno-omit-frame-pointer -fsanitize=thread -Wall -Wextra -Werror -I"$core" \
+    "$here/test_core_posix.c" "${core_sources[@]}" -lpthread -o "$out/test_core_posix_tsan"
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "$out/test_core_posix_tsan"
 
 # Python tests against an ASan build of the extension, built out of tree.
 build="$out/pkg"
