@@ -94,7 +94,6 @@ _iter_notes = _NOTIFICATION.iter_unpack
 _from_buffer = ffi.from_buffer
 _NULL = ffi.NULL
 _INFINITE = lib.SN_INFINITE
-_QUIET_REMOVE = lib.SN_PROCESS_QUIET_REMOVE
 _ERROR_CLOSED = lib.sn_error_closed()
 _ERROR_BUSY = lib.sn_error_busy()
 _ERROR_INTERRUPTED = lib.sn_error_interrupted()
@@ -431,18 +430,6 @@ class Port:
                 error.registration = reg  # type: ignore[attr-defined]
                 raise error
         return notifications
-
-    def _apply(self, changes: Sequence[Change]) -> List[int]:
-        """Apply changes at once, without waiting or dequeuing; successful
-        REMOVEs retire quietly (no REMOVE notification). Returns each
-        change's OS error code (0 for success). For the selector."""
-        packed = _pack(changes)
-        received = ffi.new("uint32_t *")
-        err = lib.sn_port_process(self._handle, _QUIET_REMOVE,
-                                  _from_buffer("sn_registration_t[]", packed),
-                                  len(changes), 0, _NULL, 0, received)
-        self._check(err, "applying registration changes failed")
-        return list(memoryview(packed).cast("I")[_RESULT_WORD::6])
 
     def _probe(self, fd: int) -> int:
         """0 if ``fd`` passes the backend's cheap registration check (see

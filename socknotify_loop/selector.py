@@ -58,6 +58,7 @@ EVENT_WRITE = selectors.EVENT_WRITE
 SelectorKey = selectors.SelectorKey
 
 _ONESHOT_LEVEL = TRIGGER_ONESHOT | TRIGGER_LEVEL
+_change_now = lib.sn_port_change
 
 #: A key for ``selector.port.post(WAKEUP_KEY)``: it makes a waiting
 #: select() return (with ``[]`` if nothing else is ready). Any posted key
@@ -84,6 +85,13 @@ class _Record(NamedTuple):
 
     key: SelectorKey
     slot: int
+
+
+# Named tuples made without the Python-level __new__ of namedtuple (a
+# call frame each): register() and modify() are on asyncio's hot path
+# for sock_recv/sock_sendall, which add and remove a reader per call.
+_new_record = tuple.__new__
+_new_change = tuple.__new__
 
 
 class _SelectorMapping(Mapping):
@@ -215,14 +223,19 @@ class NotifySelector(selectors.BaseSelector):
 
     # -- changes -------------------------------------------------------------------
 
-    def _change(self, change: Change) -> None:
-        """Apply a change now (epoll) or queue it for the next select()."""
+    def _change(self, fd: int, slot: int, events: int, op: int, trigger: int) -> None:
+        """Apply a change now (epoll) or queue it for the next select().
+        Raises for a refused ENABLE; a refused REMOVE means the descriptor
+        was closed first, which the stdlib selectors ignore too."""
         if self._at_once:
-            code = self._port._apply((change,))[0]
-            if code and change.op == OP_ENABLE:
-                raise _os_error(code)
+            code = _change_now(self._handle, fd, slot, events, op, trigger)
+            if code:
+                if code == _ERROR_CLOSED and self._port.closed:
+                    raise ValueError("I/O operation on a closed selector")
+                if op == OP_ENABLE:
+                    raise _os_error(code)
         else:
-            self._pending.append(change)
+            self._pending.append(_new_change(Change, (fd, slot, events, op, trigger)))
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         """Register ``fileobj`` for ``events``.
@@ -235,28 +248,32 @@ class NotifySelector(selectors.BaseSelector):
         if not events or events & ~(EVENT_READ | EVENT_WRITE):
             raise ValueError(f"Invalid events: {events!r}")
         fd = self._fileobj_lookup(fileobj)
-        if fd in self._records:
+        records = self._records
+        if fd in records:
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
         if self._map is None:
             # What EpollSelector raises: its epoll object is closed.
             raise ValueError("I/O operation on a closed selector")
-        if not self._at_once:
+        at_once = self._at_once
+        if not at_once:
             code = self._port._probe(fd)
             if code:
                 raise _os_error(code)
+        keys = self._keys
+        free = self._free
+        slot = free[-1] if free else len(keys)
+        # Raises before anything is recorded.
+        self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
         key = SelectorKey(fileobj, fd, events, data)
-        slot = self._free[-1] if self._free else len(self._keys)
-        change = Change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-        self._change(change)   # raises before anything is recorded
-        if slot == len(self._keys):
-            self._keys.append(key)
+        if free:
+            free.pop()
+            keys[slot] = key
         else:
-            self._free.pop()
-            self._keys[slot] = key
-        self._records[fd] = _Record(key, slot)
-        if not self._at_once:
+            keys.append(key)
+        records[fd] = _new_record(_Record, (key, slot))
+        if not at_once:
             self._unsent[slot] = fd
-        if len(self._records) > self._room:
+        if len(records) > self._room:
             self._bind(self._room * 2, self._changes_room)
         return key
 
@@ -272,11 +289,11 @@ class NotifySelector(selectors.BaseSelector):
             raise KeyError(f"{fileobj!r} is not registered") from None
         self._keys[slot] = None
         self._free.append(slot)
-        if self._unsent.pop(slot, None) is not None:
+        if not self._at_once and self._unsent.pop(slot, None) is not None:
             # The port never heard of it: forget its queued changes.
             self._pending = [c for c in self._pending if c.key != slot]
         else:
-            self._change(Change(key.fd, slot, 0, OP_REMOVE, 0))
+            self._change(key.fd, slot, 0, OP_REMOVE, 0)
         return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
@@ -293,8 +310,7 @@ class NotifySelector(selectors.BaseSelector):
             if not events or events & ~(EVENT_READ | EVENT_WRITE):
                 raise ValueError(f"Invalid events: {events!r}")
             try:
-                self._change(Change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE,
-                                    _ONESHOT_LEVEL))
+                self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
             except OSError:
                 # What EpollSelector does: a refused modify unregisters.
                 self.unregister(fileobj)
@@ -304,7 +320,7 @@ class NotifySelector(selectors.BaseSelector):
             key = key._replace(data=data)
         else:
             return key
-        self._records[fd] = _Record(key, slot)
+        self._records[fd] = _new_record(_Record, (key, slot))
         self._keys[slot] = key
         return key
 

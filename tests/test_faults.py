@@ -695,25 +695,6 @@ def test_held_notifications_survive_invalid_registration(backend, invalid):
 
 
 @pytest.mark.timeout(30)
-def test_held_notifications_survive_unpackable_batch(backend):
-    """The same through the selector's direct path (Port._apply), with a
-    change whose events do not fit the registration record: the ValueError
-    comes before anything is taken."""
-    from socknotify_loop.port import Change
-    port = Port(backend)
-    a, b = _hold_a_notification(port)
-    try:
-        bad = Change(a.fileno(), 3, 1 << 20, OP_ENABLE, TRIGGER_LEVEL | TRIGGER_ONESHOT)
-        with pytest.raises(ValueError):
-            port._apply([bad])
-        got = port.process([], 1.0)
-        assert (1, EVENT_IN) in [(key, events & EVENT_IN) for key, events in got], got
-    finally:
-        port.close()
-        a.close()
-        b.close()
-
-
 def test_baseline_held_notification_is_returned(backend):
     """Without the invalid call in between, the held notification comes
     out of the next call (the premise of the two tests above)."""

@@ -1056,9 +1056,10 @@ DWORD WINAPI sn_afd_process_socket_notifications(
     for (i = 0; i < registrationCount; i++) {
         registrationInfos[i].registrationResult = afd__apply(ap, &registrationInfos[i]);
         /* Unlike PSN, which applies and waits in one kernel transition, we
-           know of a refusal before waiting: the caller hears of it now
-           instead of whenever another event ends the wait. */
-        if (registrationInfos[i].registrationResult != 0)
+           know of a refused ENABLE before waiting: the caller hears of it
+           now instead of whenever another event ends the wait. */
+        if (registrationInfos[i].registrationResult != 0 &&
+            registrationInfos[i].operation == SOCK_NOTIFY_OP_ENABLE)
             timeoutMs = 0;
     }
     wait_ms = timeoutMs;

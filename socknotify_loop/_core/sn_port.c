@@ -32,10 +32,11 @@
  *     nothing queued under the old key may reach the new one;
  *   - an OP_ENABLE fails (the kernel's view of the socket is then unknown).
  *
- * A failed caller registration never leaves the call blocked: the backends
- * turn the wait into a poll when a change of the batch failed, so the
- * caller hears of the failure now rather than whenever some other event
- * ends the wait.
+ * A failed caller ENABLE never leaves the call blocked: the backends turn
+ * the wait into a poll when one failed, so the caller hears of the failure
+ * now rather than whenever some other event ends the wait. (A failed
+ * REMOVE or DISABLE needs nobody's attention: the registration is gone
+ * either way, so it does not shorten the wait.)
  *
  * One-shot re-arms (SN_PROCESS_REARM). A selector re-enables, at every
  * select, what it reported at the previous one: that is how one-shot
@@ -504,7 +505,7 @@ static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
 }
 
 /* Translate the caller's registrations into kernel ones (lock held).
-   Returns how many were refused before reaching the kernel. */
+   Returns how many ENABLEs were refused before reaching the kernel. */
 static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                             sn_registration_t *kregs, sn_pending_t *pending,
                             uint32_t count) {
@@ -567,7 +568,7 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
         if (err != 0) {
             reg->result = (uint32_t)err;
             p->skip = 1;
-            refused++;
+            refused += reg->op == SN_OP_ENABLE;
             /* NONE is harmless to the kernel: it keeps the batch aligned. */
             kreg->op = SN_OP_NONE;
             continue;
@@ -609,6 +610,13 @@ static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                 sn__record_retire(port, p->slot);
             continue;
         }
+        /* A failed re-arm of ours: the descriptor went away under its
+           owner. The kernel has nothing armed for it, so nothing can be
+           delivered; the record stays, so that the owner's next change
+           meets the same error (a modify, like epoll_ctl MOD: ENOENT) and
+           its REMOVE retires it. */
+        if (i < internal)
+            continue;
         /* A failed REMOVE means the socket is already gone (closesocket
            deregistered it silently); a failed ENABLE leaves the kernel's
            view unknown. Either way nothing more may be delivered under
@@ -873,6 +881,26 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
     *received = sink.n;
     sn__leave(port);
     return err;
+}
+
+int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t events,
+                   uint8_t op, uint8_t trigger) {
+    sn_registration_t reg;
+    sn_sink_t sink;
+    int err;
+
+    if ((err = sn__enter(port)) != 0)
+        return err;
+    reg.socket = socket;
+    reg.key = key;
+    reg.events = events;
+    reg.op = op;
+    reg.trigger = trigger;
+    reg.result = 0;
+    memset(&sink, 0, sizeof sink);
+    err = sn__run(port, SN_PROCESS_QUIET_REMOVE, &reg, 1, 0, 0, NULL, &sink);
+    sn__leave(port);
+    return err != 0 ? err : (int)reg.result;
 }
 
 int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,

@@ -165,8 +165,8 @@ sn_port_t *sn_port_open(int backend, int *error);
    (SN_INFINITE = forever, 0 = poll) for notifications and store at most
    max_notifications of them. *received is the number stored (0 on timeout).
    Returns 0, or an error code when the wait itself failed; the registration
-   results are valid in both cases. If any caller registration failed, the
-   call does not block (its failure is news the caller must hear now).
+   results are valid in both cases. If a caller's ENABLE failed, the call
+   does not block (its failure is news the caller must hear now).
    Safe to call from several threads at once on one port. Stale
    notifications are dropped and the wait resumes with the remaining time.
    A waiter woken by sn_port_close() returns 0 with what it has. */
@@ -196,6 +196,14 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
 int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,
                  uint64_t *out, uint32_t out_cap);
 int64_t sn_port_select(sn_port_t *port, uint32_t count, int64_t timeout_ms);
+
+/* One change, applied at once, without waiting or dequeuing, with
+   SN_PROCESS_QUIET_REMOVE's meaning of REMOVE: the selector's register,
+   modify and unregister where changes are applied at once
+   (SN_CAP_CHANGES_AT_ONCE), without packing a batch. Returns 0 or the
+   change's error code (sn_error_closed() for a closed port). */
+int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t events,
+                   uint8_t op, uint8_t trigger);
 
 /* Queue a packet with this key; one waiter receives it with events == 0. */
 int sn_port_post(sn_port_t *port, uint64_t key);
