@@ -52,11 +52,12 @@ def supports(loop: str, case: str) -> bool:
 
 @dataclass
 class Platform:
-    """Where workers run: Linux CPython, or Windows CPython under Wine."""
-    name: str                                   # "linux" or "wine"
+    """Where workers run: Linux CPython, Windows CPython under Wine driven
+    from Linux, or Windows CPython natively (run.py run on Windows)."""
+    name: str                                   # "linux", "wine" or "windows"
     command: Callable[[str], List[str]]         # spec path -> argv
     env: Dict[str, str]
-    pin: Optional[int] = None                   # the worker pins itself (Linux)
+    pin: Optional[int] = None                   # the worker pins itself (Linux, Windows)
     before: Callable[[], None] = lambda: None   # e.g. no wineserver lingering
     after: Callable[[], None] = lambda: None
     on_start: Callable[[int], None] = lambda pid: None   # e.g. record placement
@@ -154,16 +155,22 @@ def run_worker(platform: Platform, tag: str, spec: dict, timeout: float,
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """End a worker: its process group on POSIX (a tool such as strace and
+    the worker under it), the process itself on Windows."""
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            if hasattr(os, "killpg"):
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()          # TerminateProcess
+        except (ProcessLookupError, PermissionError):
             pass
         proc.wait()
 
 
 def _death(proc, timeout, stderr_path) -> str:
-    if proc.returncode in (-signal.SIGKILL,):
+    killed = -signal.SIGKILL if hasattr(signal, "SIGKILL") else 1   # TerminateProcess's code
+    if proc.returncode == killed:
         return f"worker killed after {timeout:.0f} s (hung)"
     try:
         with open(stderr_path, "rb") as f:
