@@ -11,7 +11,9 @@ The worker also counts loop iterations (``_run_once`` calls) and the
 registration changes the loop hands to each wait, so a figure can be put
 per iteration: the port code's goal is exactly one call of the
 ProcessSocketNotifications function per iteration, and on ``afd`` no more
-NT calls per iteration than the re-arms submitted plus one dequeue.
+NT calls per iteration than the polls it must (re)submit -- one
+IOCTL_AFD_POLL per socket to re-arm -- plus one dequeue: whatever else it
+calls (a second dequeue, a cancel, a post) is overhead of the polyfill.
 
 Unlike strace (syscalls.py), this works wherever the worker runs: Linux,
 Windows CPython under Wine, and Windows itself. Under Wine the ``afd`` port
@@ -55,6 +57,7 @@ def derive(result: dict) -> dict:
     if iterations > 0:
         result["waits_per_iteration"] = counters.get("waits", 0.0) / iterations
         result["submitted_per_iteration"] = result.get("submitted", 0.0) / iterations
+        result["afd_polls_per_iteration"] = counters.get("afd_polls", 0.0) / iterations
         result["afd_nt_calls_per_iteration"] = nt_calls / iterations
     return result
 
@@ -99,8 +102,8 @@ def target_rows(data: Optional[dict], platform: str, label) -> List[dict]:
 
     - ``psn`` and ``afd``: exactly one call of the ProcessSocketNotifications
       function (the OS's, or the polyfill) per loop iteration.
-    - ``afd``: the polyfill's NT calls per iteration at most the registration
-      changes submitted per iteration plus one dequeue.
+    - ``afd``: the polyfill's NT calls per iteration at most its re-arm
+      polls (IOCTL_AFD_POLL) per iteration plus one dequeue.
     """
     rows: List[dict] = []
     if not data or "cases" not in data:
@@ -127,10 +130,11 @@ def target_rows(data: Optional[dict], platform: str, label) -> List[dict]:
                          "met": abs(per - 1.0) <= TOLERANCE})
             if backend == "afd":
                 nt = result["afd_nt_calls_per_iteration"]
-                bound = result["submitted_per_iteration"] + 1.0
+                bound = result["afd_polls_per_iteration"] + 1.0
                 rows.append({"platform": platform,
                              "target": f"{label(loop)}: AFD polyfill NT calls per iteration "
-                                       f"<= re-arms submitted + 1 dequeue, {case}",
-                             "figure": f"{nt:.2f} <= {bound:.2f}",
+                                       f"<= re-arm polls + 1 dequeue, {case}",
+                             "figure": f"{nt:.2f} vs {bound:.2f} "
+                                       f"({result['afd_polls_per_iteration']:.2f} polls + 1)",
                              "met": nt <= bound + TOLERANCE})
     return rows

@@ -5,7 +5,7 @@ loops of one case back to back (A B C, A B C, ... case after case). Each
 round starts the loop order one place further along (A B C, then B C A,
 ...) so no loop always runs first, right after a case's set-up. Several
 rounds are several processes: the process-to-process spread (about +-15%
-on Linux, benchmarking.md) lands in the min/max instead of in one lucky or
+on Linux, measured here) lands in the min/max instead of in one lucky or
 unlucky figure, and the median is reported.
 
 A ratio is taken per round (ours / peer inside one process, minutes apart

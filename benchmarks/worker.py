@@ -38,7 +38,7 @@ def prepare_process(pin):
     - Raise RLIMIT_NOFILE: 5000 idle connections are 10000 descriptors.
     - Allocate and free one 4 MiB block, so glibc's dynamic mmap threshold
       rises above asyncio's 256 KiB read buffer now, instead of mmap/munmap
-      on every read of the first case (benchmarking.md: 2-3x slow).
+      on every read of the first case (measured: 2-3x slower).
     """
     if pin is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {pin})
