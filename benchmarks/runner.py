@@ -125,7 +125,12 @@ def run_worker(platform: Platform, tag: str, spec: dict, timeout: float,
         drain = threading.Thread(target=lambda: stderr_file.write(proc.stderr.read()),
                                  daemon=True)
         drain.start()
-        timer = threading.Timer(timeout, lambda: _kill(proc))
+        hung: List[bool] = []
+
+        def on_timeout():
+            hung.append(True)
+            _kill(proc)
+        timer = threading.Timer(timeout, on_timeout)
         timer.start()
         started = False
         try:
@@ -148,7 +153,7 @@ def run_worker(platform: Platform, tag: str, spec: dict, timeout: float,
     reported = {r["index"] for r in records if "index" in r}
     for index, m in enumerate(spec.get("measurements", [])):
         if index not in reported:
-            record = dict(m, index=index, error=_death(proc, timeout, stderr_path))
+            record = dict(m, index=index, error=_death(proc, timeout, stderr_path, bool(hung)))
             records.append(record)
             on_record(record)
     return records
@@ -168,9 +173,8 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _death(proc, timeout, stderr_path) -> str:
-    killed = -signal.SIGKILL if hasattr(signal, "SIGKILL") else 1   # TerminateProcess's code
-    if proc.returncode == killed:
+def _death(proc, timeout, stderr_path, hung: bool) -> str:
+    if hung:
         return f"worker killed after {timeout:.0f} s (hung)"
     try:
         with open(stderr_path, "rb") as f:
