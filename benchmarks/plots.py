@@ -304,11 +304,13 @@ def render(results: dict, img_dir: str) -> dict:
             if calls_plot(section, f"{PANEL_NAMES[name]}: kernel calls per round trip "
                                    "(counted by the port)", os.path.join(img_dir, filename)):
                 images["calls"][name] = filename
-    if idle_plot(results, os.path.join(img_dir, "bench_idle_scaling.png")):
-        images["idle"] = "bench_idle_scaling.png"
+    # A native Windows run's page sits beside the Linux + Wine one: own names.
+    tag = "bench_windows_" if "windows" in results else "bench_"
+    if idle_plot(results, os.path.join(img_dir, f"{tag}idle_scaling.png")):
+        images["idle"] = f"{tag}idle_scaling.png"
     if results.get("linux") and syscall_plot(results["linux"],
                                              os.path.join(img_dir, "bench_syscalls.png")):
         images["syscalls"] = "bench_syscalls.png"
-    if memory_plot(results, os.path.join(img_dir, "bench_memory.png")):
-        images["memory"] = "bench_memory.png"
+    if memory_plot(results, os.path.join(img_dir, f"{tag}memory.png")):
+        images["memory"] = f"{tag}memory.png"
     return images

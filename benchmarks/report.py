@@ -22,6 +22,9 @@ from loops import CONTROLS, OURS  # noqa: E402
 from runner import IDLE_SIZES, MEMORY_CASES, TIMED_CASES  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+#: a run made natively on Windows has its own page: it does not replace the
+#: Linux + Wine one
+DOC_WINDOWS = os.path.join(ROOT, "docs", "benchmarks-windows.md")
 IMG = os.path.join(ROOT, "docs", "img")
 
 LOOP_LABELS = {
@@ -637,9 +640,10 @@ def write(results: dict, results_path: str) -> str:
         out += [f"![system calls](img/{images['syscalls']})", ""]
     if images.get("memory"):
         out += [f"![memory](img/{images['memory']})", ""]
-    with open(DOC, "w", encoding="utf-8") as f:
+    doc = DOC_WINDOWS if "windows" in results else DOC
+    with open(doc, "w", encoding="utf-8") as f:
         f.write("\n".join(out).rstrip() + "\n")
-    return DOC
+    return doc
 
 
 def main(argv) -> int:

@@ -19,14 +19,15 @@ Run on Windows (``sys.platform == "win32"``), the same command measures
 natively: ProactorEventLoop, WindowsSelectorEventLoop, winloop when
 installed and ours on each backend (``psn``, ``afd``; one the machine lacks
 is reported unavailable with the core's reason), with the same cases,
-rounds, results file and page. Ours is the source tree, built in place
+rounds, results file and a page of its own. Ours is the source tree, built in place
 first (``pip install -e .``, which needs a C compiler), or with
 ``--installed`` whatever ``import socknotify_loop`` finds.
 
 Writes benchmarks/results/<date>.json (smoke and partial runs, raw strace
 and callgrind files, worker stderr: benchmarks/results/raw/, not committed),
 and for a full run (not --quick, no --cases or --loops filter; or with
---report) docs/benchmarks.md and docs/img/bench_*.png.
+--report) docs/benchmarks.md and docs/img/bench_*.png (natively on Windows:
+docs/benchmarks-windows.md and docs/img/bench_windows_*.png).
 """
 from __future__ import annotations
 
