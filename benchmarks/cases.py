@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 
-PAYLOAD = b"x" * 100          # the brief's 100-byte message
+PAYLOAD = b"x" * 100          # a 100-byte message
 BIG = 1 << 20                 # 1 MiB for the large-transfer case
 HOST = "127.0.0.1"
 

@@ -1,7 +1,7 @@
 """User-space instructions per round trip, per loop (Linux, callgrind).
 
 Timings move +-15% from one process to the next on these machines
-(benchmarking.md); an instruction count under ``valgrind --tool=callgrind``
+(measured here); an instruction count under ``valgrind --tool=callgrind``
 is repeatable to the instruction for the same work, so the ratio of ours
 to asyncio here is the figure that does not move. It counts user space
 only (the kernel's side is in syscalls.py), and nothing of cache misses or

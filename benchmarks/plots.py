@@ -110,8 +110,12 @@ def ratio_plot(section: dict, reference: str, title: str, path: str) -> bool:
     return True
 
 
+PANEL_NAMES = {"linux": "Linux", "wine": "Wine", "windows": "Windows"}
+
+
 def idle_plot(results: dict, path: str) -> bool:
-    sections = [(n, results[n]) for n in ("linux", "wine") if results.get(n)]
+    sections = [(n, results[n]) for n in ("linux", "wine", "windows")
+                if results.get(n) and any(results[n].get("summary", {}).values())]
     if not sections:
         return False
     fig, axes = plt.subplots(1, len(sections), figsize=(6 * len(sections), 4), squeeze=False)
@@ -141,7 +145,8 @@ def idle_plot(results: dict, path: str) -> bool:
         ax.set_xscale("log")
         ax.set_xlabel("idle registered connections")
         ax.set_ylabel("round trips/s, active connection")
-        ax.set_title("Linux" if name == "linux" else "Wine (compare within the panel only)")
+        ax.set_title("Wine (compare within the panel only)" if name == "wine"
+                     else PANEL_NAMES[name])
         ax.set_ylim(bottom=0)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
@@ -207,8 +212,48 @@ def syscall_plot(section: dict, path: str) -> bool:
     return True
 
 
+CALL_BARS = [("iterations", "loop iterations"), ("waits", "waits (epoll_wait / PSN function)"),
+             ("changes", "epoll_ctl"), ("afd_nt_calls", "AFD polyfill NT calls")]
+
+
+def calls_plot(section: dict, title: str, path: str) -> bool:
+    """Per round trip, one panel per ping-pong case: loop iterations, waits,
+    and the calls besides the wait (epoll_ctl; the AFD polyfill's NT calls)."""
+    data = (section.get("kernel_calls") or {}).get("cases") or {}
+    cases = [c for c in TIMED_CASES if data.get(c)]
+    if not cases:
+        return False
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.5 * len(cases), 3.8), squeeze=False)
+    handles = {}
+    for ax, case in zip(axes[0], cases):
+        loops = [n for n in section["usable"] if n in data[case] and "error" not in data[case][n]]
+        width = 0.8 / len(CALL_BARS)
+        for i, (field, name) in enumerate(CALL_BARS):
+            xs, ys = [], []
+            for j, loop in enumerate(loops):
+                r = data[case][loop]
+                value = r.get(field) if field in ("iterations", "afd_nt_calls") \
+                    else (r.get("counters") or {}).get(field)
+                if value:
+                    xs.append(j + (i - (len(CALL_BARS) - 1) / 2) * width)
+                    ys.append(value)
+            if xs:
+                handles[name] = ax.bar(xs, ys, width, color=f"C{i}")
+        ax.set_xticks(range(len(loops)))
+        ax.set_xticklabels([LABELS.get(n, n) for n in loops], fontsize=8)
+        ax.set_title(f"{SHORT_CASES.get(case, case)}: per round trip", fontsize=10)
+    fig.suptitle(title, fontsize=10)
+    fig.legend(list(handles.values()), list(handles), fontsize=8, loc="center left",
+               bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
 def memory_plot(results: dict, path: str) -> bool:
-    sections = [(n, results[n]) for n in ("linux", "wine") if results.get(n, {}).get("memory")]
+    sections = [(n, results[n]) for n in ("linux", "wine", "windows")
+                if results.get(n, {}).get("memory")]
     if not sections:
         return False
     fig, axes = plt.subplots(1, len(sections), figsize=(6 * len(sections), 4), squeeze=False)
@@ -230,7 +275,7 @@ def memory_plot(results: dict, path: str) -> bool:
         ax.set_xticklabels([LABELS.get(r["loop"], r["loop"]) for r in records])
         ax.set_xlim(-0.6, len(records) - 0.4)
         ax.set_ylabel("KiB per idle connection")
-        ax.set_title(("Linux" if name == "linux" else "Wine")
+        ax.set_title(PANEL_NAMES[name]
                      + ": RSS per idle connection (KiB), lower is better\n"
                      "(idle TCP connections held open by streams: asyncio's, trio's for trio)",
                      fontsize=10)
@@ -244,20 +289,28 @@ def memory_plot(results: dict, path: str) -> bool:
 
 def render(results: dict, img_dir: str) -> dict:
     """Write the plots; return {kind: file name} for the page."""
-    images: Dict[str, object] = {"ratios": {}}
+    images: Dict[str, object] = {"ratios": {}, "calls": {}}
     for name, reference, title in (
             ("linux", "asyncio", "Linux: rate relative to asyncio's default loop"),
-            ("wine", "proactor", "Wine: rate relative to ProactorEventLoop")):
+            ("wine", "proactor", "Wine: rate relative to ProactorEventLoop"),
+            ("windows", "proactor", "Windows: rate relative to ProactorEventLoop")):
         section = results.get(name)
-        if section and section.get("summary"):
+        if section and any(section.get("summary", {}).values()):
             filename = f"bench_{name}_ratios.png"
             if ratio_plot(section, reference, title, os.path.join(img_dir, filename)):
                 images["ratios"][name] = filename
-    if idle_plot(results, os.path.join(img_dir, "bench_idle_scaling.png")):
-        images["idle"] = "bench_idle_scaling.png"
+        if section:
+            filename = f"bench_{name}_kernel_calls.png"
+            if calls_plot(section, f"{PANEL_NAMES[name]}: kernel calls per round trip "
+                                   "(counted by the port)", os.path.join(img_dir, filename)):
+                images["calls"][name] = filename
+    # A native Windows run's page sits beside the Linux + Wine one: own names.
+    tag = "bench_windows_" if "windows" in results else "bench_"
+    if idle_plot(results, os.path.join(img_dir, f"{tag}idle_scaling.png")):
+        images["idle"] = f"{tag}idle_scaling.png"
     if results.get("linux") and syscall_plot(results["linux"],
                                              os.path.join(img_dir, "bench_syscalls.png")):
         images["syscalls"] = "bench_syscalls.png"
-    if memory_plot(results, os.path.join(img_dir, "bench_memory.png")):
-        images["memory"] = "bench_memory.png"
+    if memory_plot(results, os.path.join(img_dir, f"{tag}memory.png")):
+        images["memory"] = f"{tag}memory.png"
     return images

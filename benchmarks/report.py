@@ -17,10 +17,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import kernel_calls  # noqa: E402
 from loops import CONTROLS, OURS  # noqa: E402
 from runner import IDLE_SIZES, MEMORY_CASES, TIMED_CASES  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+#: a run made natively on Windows has its own page: it does not replace the
+#: Linux + Wine one
+DOC_WINDOWS = os.path.join(ROOT, "docs", "benchmarks-windows.md")
 IMG = os.path.join(ROOT, "docs", "img")
 
 LOOP_LABELS = {
@@ -60,6 +64,16 @@ CASES_TEXT = [
     "`add_reader` alone), in a fresh process; the growth divided by 5000.",
     "- trio runs the cases it can express (no Protocol, sock_* or add_reader); '-' elsewhere.",
 ]
+WINE_AFD_COST = (
+    "Why AFD timings under Wine say nothing about Windows: Wine's wineserver re-scans "
+    "every pending AFD poll on each socket event. Measured while developing these "
+    "benchmarks (Wine 8.0): its `sock_poll_event` ran about 166 times per streams round "
+    "trip for the AFD loop against 2 for ProactorEventLoop (Wine's server/sock.c walks "
+    "one global poll list in `complete_async_polls` and `sock_get_poll_events`), and its "
+    "CPU per round trip grows with idle sockets (85 µs at 0 idle, 1,170 µs at 3,000). "
+    "On real Windows each NT call is one kernel transition and AFD keeps polls per "
+    "endpoint. Under Wine, timings compare loops with each other only; count calls "
+    "(the kernel-call table) to compare designs for Windows.")
 WINE_IDLE_NOTE = (
     "Under Wine, a loop built on IOCTL_AFD_POLL (ours, afd) pays for every pending poll "
     "on every socket event: wineserver keeps all pending AFD polls in one global list "
@@ -67,7 +81,9 @@ WINE_IDLE_NOTE = (
     "any socket signals. Proactor and winloop keep overlapped reads, which Wine queues "
     "per socket. This is a cost of Wine's AFD emulation, so this row says nothing about "
     "idle scaling on real Windows (measure there before drawing a conclusion).")
-REFERENCES = {"linux": ["asyncio"], "wine": ["proactor", "winselector"]}
+REFERENCES = {"linux": ["asyncio"], "wine": ["proactor", "winselector"],
+              "windows": ["proactor", "winselector"]}
+PLATFORM_NAMES = {"linux": "Linux", "wine": "Wine", "windows": "Windows"}
 IDLE_TARGET = 0.8
 
 
@@ -110,13 +126,15 @@ def first_summary(section: dict) -> dict:
 # -- targets ---------------------------------------------------------------------------
 
 def targets(results: dict) -> List[dict]:
-    """Each target of issue 5 with its figure and whether it is met."""
+    """Each project target with its measured figure and whether it is met."""
     rows = []
-    for name in ("linux", "wine"):
+    for name in ("linux", "wine", "windows"):
         section = results.get(name)
         if not section:
             continue
-        platform = "Linux" if name == "linux" else "Wine"
+        platform = PLATFORM_NAMES[name]
+        if name == "windows" and results["meta"].get("wine"):
+            platform = "Windows (inside Wine)"
         ours_loops = section.get("ours", [])
         if not ours_loops and any(n in OURS for n in section.get("requested", [])):
             rows.append({"platform": platform, "target": "our loop measured",
@@ -157,6 +175,7 @@ def targets(results: dict) -> List[dict]:
                              "target": f"{label(ours)}: rate at {IDLE_SIZES[-1]} idle >= "
                                        f"{IDLE_TARGET} x rate at {IDLE_SIZES[0]} idle",
                              "figure": figure, "met": ok})
+        rows += kernel_calls.target_rows(section.get("kernel_calls"), platform, label)
         memory = {r["loop"]: r for r in section.get("memory", []) if r.get("case") == "memory_streams"}
         if memory:
             missing = [label(n) for n in section["usable"] if n not in CONTROLS and (
@@ -354,6 +373,94 @@ def instruction_table(section: dict) -> List[str]:
     return lines + [""]
 
 
+def fmt_calls(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def kernel_call_table(section: dict) -> List[str]:
+    """Per round trip and per loop iteration, from the port's own counters."""
+    data = section.get("kernel_calls")
+    if not data or not data.get("cases"):
+        return []
+    results = [r for per in data["cases"].values() for r in per.values()]
+    backends = {r.get("backend") for r in results if r.get("counters")}
+    head = ["case", "loop (backend)", "iterations / round trip", "waits / round trip",
+            "waits / iteration"]
+    if "epoll" in backends:
+        head += ["epoll_ctl / round trip", "eventfd writes + reads / round trip"]
+    if backends & {"afd", "psn"}:
+        head += ["changes submitted by the loop / iteration"]
+    if "afd" in backends:
+        head += ["AFD polyfill NT calls / round trip (polls + dequeues + cancels + posts)",
+                 "AFD polyfill NT calls / iteration"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for case, per_loop in in_case_order(data["cases"]):
+        for loop in [n for n in section["usable"] if n in per_loop]:
+            r = per_loop[loop]
+            name = label(loop)
+            if "error" in r:
+                lines.append(f"| {CASE_LABELS.get(case, case)} | {name} | failed: {r['error']} |"
+                             + " |" * (len(head) - 3))
+                continue
+            c = r.get("counters")
+            cells = [CASE_LABELS.get(case, case), name, fmt_calls(r.get("iterations")),
+                     fmt_calls(c and c.get("waits")), fmt_calls(r.get("waits_per_iteration"))]
+            if "epoll" in backends:
+                epoll = c is not None and r.get("backend") == "epoll"
+                cells += [fmt_calls(c["changes"]) if epoll else "-",
+                          fmt_calls(c["wakes"] + c["drains"]) if epoll else "-"]
+            if backends & {"afd", "psn"}:
+                cells.append(fmt_calls(r.get("submitted_per_iteration"))
+                             if r.get("backend") in ("afd", "psn") else "-")
+            if "afd" in backends:
+                afd = c is not None and r.get("backend") == "afd"
+                cells += [(f"{r['afd_nt_calls']:.2f} ({c['afd_polls']:.2f} + "
+                           f"{c['afd_dequeues']:.2f} + {c['afd_cancels']:.2f} + "
+                           f"{c['afd_posts']:.2f})") if afd else "-",
+                          fmt_calls(r.get("afd_nt_calls_per_iteration")) if afd else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+KERNEL_CALLS_TEXT = [
+    "Counted by the port itself (`Port.counters()`), not timed: a worker runs exactly N1 "
+    "and then N2 round trips on fresh loops and the difference is divided by N2 - N1, so "
+    "start-up cancels out. An iteration is one call of the loop's `_run_once` (counted for "
+    "asyncio's loops too; uvloop, winloop and trio have none). `waits` are epoll_wait on "
+    "`epoll` and calls of the ProcessSocketNotifications function on `psn` (the OS's) and "
+    "`afd` (the IOCTL_AFD_POLL polyfill that stands in for it): so under Wine the afd row's "
+    "waits are exactly the calls the psn port code makes to the OS on Windows 11, and its "
+    "NT calls (NtDeviceIoControlFile IOCTL_AFD_POLL, GetQueuedCompletionStatusEx, "
+    "NtCancelIoFileEx, PostQueuedCompletionStatus) are what the polyfill costs on Windows "
+    "10. The goal: one ProcessSocketNotifications-function call per iteration, and on afd "
+    "no more NT calls per iteration than the polls it must resubmit (one IOCTL_AFD_POLL "
+    "per socket re-armed) plus one dequeue. An iteration that has callbacks ready still "
+    "makes its call, with a zero timeout. \"Changes submitted\" are the registration "
+    "changes the selector queued for that call (add_reader, remove_reader, ...); the "
+    "re-arms of one-shot registrations are added by the C core inside the same call, and "
+    "on afd each one that needs a new poll is an IOCTL_AFD_POLL. These counts leave out "
+    "the loop's own send/recv.",
+]
+WINE_CALLS_BEFORE = (
+    "For comparison, counted under Wine 8 before the port counted its own calls "
+    "(`WINEDEBUG=+relay`, every `ntdll.Nt*` call of the process): per streams round trip "
+    "the AFD loop made 10 NT calls -- 6 NtDeviceIoControlFile, some of them Wine's own "
+    "send/recv, and 4 NtRemoveIoCompletionEx -- and ProactorEventLoop 12 "
+    "(WindowsSelectorEventLoop 8). Those totals include the socket reads and writes, "
+    "which the table above leaves out.")
+
+
+def calls_then_and_now(section: dict) -> str:
+    """The afd streams row made comparable with the earlier whole-process count."""
+    cases = (section.get("kernel_calls") or {}).get("cases", {})
+    r = cases.get("pingpong_streams", {}).get("socknotify-afd", {})
+    if "afd_nt_calls" not in r:
+        return ""
+    return (f" Now: the polyfill's {r['afd_nt_calls']:.2f} NT calls per streams round trip "
+            f"above, plus the round trip's 2 sends and 2 receives (each one "
+            f"NtDeviceIoControlFile in Wine), make {r['afd_nt_calls'] + 4:.2f}.")
+
+
 def syscall_differences(data: dict) -> List[str]:
     """Where ours differs from asyncio's default loop, call by call."""
     lines = []
@@ -384,8 +491,9 @@ def machine_lines(results: dict) -> List[str]:
     meta = results["meta"]
     linux = results.get("linux", {})
     wine = results.get("wine", {})
+    windows = results.get("windows", {})
     versions = {}
-    for section in (linux, wine):
+    for section in (linux, wine, windows):
         for name, info in section.get("loops", {}).items():
             if info.get("available"):
                 extra = f", backend {info['backend']}" if info.get("backend") else ""
@@ -397,11 +505,19 @@ def machine_lines(results: dict) -> List[str]:
         ("command", f"`{meta['command']}`"),
         ("run time", f"{meta['run_seconds'] / 60:.1f} min"),
         ("CPU", f"{meta['cpu']}, {meta['cpus']} CPUs (virtualised: {meta['virtualised']})"),
-        ("OS, kernel", f"{meta['os']}, Linux {meta['kernel']}"),
+        ("OS, kernel", f"{meta['os']}, Linux {meta['kernel']}" if not windows
+         else f"{meta['os']} {meta['kernel']}"),
         ("load average (1/5/15 min) at start / end",
          f"{meta['loadavg_start']} / {meta.get('loadavg_end', '?')}"),
-        ("Linux Python", linux.get("process", {}).get("python", meta["python"])),
     ]
+    if windows:
+        rows.append(("Windows Python", windows.get("process", {}).get("python", meta["python"])))
+        if meta.get("wine"):
+            rows.append(("run inside Wine", f"yes, {meta['wine']}: these are not Windows "
+                                            "figures"))
+        rows.append(("Windows placement", windows.get("placement", "?")))
+    else:
+        rows.append(("Linux Python", linux.get("process", {}).get("python", meta["python"])))
     if wine:
         placement = wine.get("placement", {})
         rows += [("Wine", wine.get("wine_version", "?")),
@@ -413,12 +529,18 @@ def machine_lines(results: dict) -> List[str]:
         rows.append(("Linux placement", linux.get("placement", "?")))
     rows += [(f"{label(name)}", v) for name, v in versions.items()]
     o = meta["options"]
-    rows.append(("settings", f"Linux {o['rounds']} rounds, Wine {o['wine_rounds']} rounds; "
-                             f"{o['warmup']} s warm-up + {o['duration']} s measured per figure; "
-                             f"{o['connections']} connections for memory; strace at "
-                             f"{o['strace_counts'][0]} and {o['strace_counts'][1]} round trips, "
-                             f"callgrind at {o.get('callgrind_counts', ['?', '?'])[0]} and "
-                             f"{o.get('callgrind_counts', ['?', '?'])[1]}"))
+    kernel = o.get("kernel_counts", ["?", "?"])
+    per_figure = (f"{o['warmup']} s warm-up + {o['duration']} s measured per figure; "
+                  f"{o['connections']} connections for memory; kernel calls at "
+                  f"{kernel[0]} and {kernel[1]} round trips")
+    if windows:
+        rows.append(("settings", f"Windows {o['rounds']} rounds; {per_figure}"))
+    else:
+        rows.append(("settings", f"Linux {o['rounds']} rounds, Wine {o['wine_rounds']} "
+                                 f"rounds; {per_figure}; strace at {o['strace_counts'][0]} "
+                                 f"and {o['strace_counts'][1]} round trips, callgrind at "
+                                 f"{o.get('callgrind_counts', ['?', '?'])[0]} and "
+                                 f"{o.get('callgrind_counts', ['?', '?'])[1]}"))
     return ["| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in rows]
 
 
@@ -440,9 +562,12 @@ def write(results: dict, results_path: str) -> str:
         "each round (ours / peer, same process, seconds apart) and its median reported.",
         "Client and server live in one process pinned to one CPU. The same loop varies about",
         "+-15% from one process to the next on this machine, so a ratio within that band of",
-        "1.0 is a tie, whatever side of 1.0 it falls. **Wine figures are compared with Wine",
-        "figures only:** under Wine every socket call goes through the user-space wineserver,",
-        "so they say how the loops rank there, nothing about speed on real Windows.",
+        "1.0 is a tie, whatever side of 1.0 it falls. **Under Wine, timings compare loops",
+        "with each other only:** every socket call goes through the user-space wineserver,",
+        "so they say how the loops rank there, nothing about speed on real Windows, and",
+        "least of all for an AFD-poll loop such as ours on afd.",
+        "",
+        WINE_AFD_COST,
         "",
         "## Machine and run",
         "",
@@ -455,24 +580,33 @@ def write(results: dict, results_path: str) -> str:
         *[f"| {r['platform']} | {r['target']} | {r['figure']} | {'yes' if r['met'] else '**no**'} |"
           for r in rows],
         "",
+        "Timing targets under Wine rank the loops inside Wine only (see above); the "
+        "kernel-call targets are counts, and mean the same on every platform.",
+        "",
     ]
     out += ["## Cases", "", *CASES_TEXT, ""]
+    windows_heading = "Windows (native)"
+    if results["meta"].get("wine"):
+        windows_heading += " -- run inside Wine, so these are Wine figures"
     for name, title, heading in (("linux", "Linux", "Linux"),
-                                 ("wine", "Wine", "Wine (Windows CPython 3.11 under Wine)")):
+                                 ("wine", "Wine", "Wine (Windows CPython 3.11 under Wine)"),
+                                 ("windows", "Windows", windows_heading)):
         section = results.get(name)
         if not section:
             continue
-        out += [f"## {heading}", "", *control_line(section), *rate_table(section, name), ""]
+        rates = rate_table(section, name) if first_summary(section) else []
+        out += [f"## {heading}", "", *control_line(section), *rates, ""]
         if name in images.get("ratios", {}):
             out += [f"![{title}: rate relative to {label(REFERENCES[name][0])}]"
                     f"(img/{images['ratios'][name]})", ""]
-        out += [f"### Idle scaling, {title}", "",
-                "One connection does stream ping-pong while N other connections sit registered",
-                "with the loop, each with a reader waiting. A loop whose iteration costs",
-                "O(registered) slows down; one whose cost is O(ready) does not.", "",
-                *idle_table(section), ""]
-        if name == "wine":
-            out += [WINE_IDLE_NOTE, ""]
+        if any(f"idle_{n}" in first_summary(section) for n in IDLE_SIZES):
+            out += [f"### Idle scaling, {title}", "",
+                    "One connection does stream ping-pong while N other connections sit "
+                    "registered", "with the loop, each with a reader waiting. A loop whose "
+                    "iteration costs", "O(registered) slows down; one whose cost is O(ready) "
+                    "does not.", "", *idle_table(section), ""]
+            if name == "wine" or (name == "windows" and results["meta"].get("wine")):
+                out += [WINE_IDLE_NOTE, ""]
         mem = memory_table(section)
         if mem:
             out += [f"### Memory, {title}", "",
@@ -480,6 +614,14 @@ def write(results: dict, results_path: str) -> str:
                     f"bookkeeping removed) over {results['meta']['options']['connections']} "
                     "connections, in a fresh process per figure; in brackets the Python heap "
                     "alone (tracemalloc), which misses C allocations (libuv).", "", *mem, ""]
+        calls = kernel_call_table(section)
+        if calls:
+            out += [f"### Kernel calls per round trip, {title}", "", *KERNEL_CALLS_TEXT, "",
+                    *calls]
+            if name == "wine" or (name == "windows" and results["meta"].get("wine")):
+                out += [WINE_CALLS_BEFORE + calls_then_and_now(section), ""]
+            if images.get("calls", {}).get(name):
+                out += [f"![kernel calls, {title}](img/{images['calls'][name]})", ""]
         ins = instruction_table(section)
         if ins:
             out += [f"### Instructions per round trip, {title}", "",
@@ -498,9 +640,10 @@ def write(results: dict, results_path: str) -> str:
         out += [f"![system calls](img/{images['syscalls']})", ""]
     if images.get("memory"):
         out += [f"![memory](img/{images['memory']})", ""]
-    with open(DOC, "w", encoding="utf-8") as f:
+    doc = DOC_WINDOWS if "windows" in results else DOC
+    with open(doc, "w", encoding="utf-8") as f:
         f.write("\n".join(out).rstrip() + "\n")
-    return DOC
+    return doc
 
 
 def main(argv) -> int:

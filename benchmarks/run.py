@@ -11,12 +11,23 @@ WindowsSelectorEventLoop, winloop and ours on each backend Wine offers,
 python.exe and wineserver pinned to the same CPU. Every timed case runs
 in interleaved rounds (runner.py); figures are medians with min/max, and
 every comparison is a ratio between loops of the same run on the same
-platform, never Wine against Linux.
+platform, never Wine against Linux. On every platform the port's own
+kernel-call counters give calls per round trip and per loop iteration
+(kernel_calls.py).
+
+Run on Windows (``sys.platform == "win32"``), the same command measures
+natively: ProactorEventLoop, WindowsSelectorEventLoop, winloop when
+installed and ours on each backend (``psn``, ``afd``; one the machine lacks
+is reported unavailable with the core's reason), with the same cases,
+rounds, results file and a page of its own. Ours is the source tree, built in place
+first (``pip install -e .``, which needs a C compiler), or with
+``--installed`` whatever ``import socknotify_loop`` finds.
 
 Writes benchmarks/results/<date>.json (smoke and partial runs, raw strace
 and callgrind files, worker stderr: benchmarks/results/raw/, not committed),
 and for a full run (not --quick, no --cases or --loops filter; or with
---report) docs/benchmarks.md and docs/img/bench_*.png.
+--report) docs/benchmarks.md and docs/img/bench_*.png (natively on Windows:
+docs/benchmarks-windows.md and docs/img/bench_windows_*.png).
 """
 from __future__ import annotations
 
@@ -32,6 +43,7 @@ sys.path.insert(0, HERE)
 
 import counting  # noqa: E402
 import instructions  # noqa: E402
+import kernel_calls  # noqa: E402
 import machine  # noqa: E402
 import report  # noqa: E402
 import runner  # noqa: E402
@@ -41,6 +53,9 @@ from runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress 
 
 LINUX_REFERENCES = ["asyncio"]
 WINE_REFERENCES = ["proactor", "winselector"]
+WINDOWS = sys.platform == "win32"
+#: the untimed measurements, asked for by name with --cases
+COUNTED = ["kernel_calls", "syscalls", "instructions"]
 
 
 def parse_args(argv=None):
@@ -49,16 +64,20 @@ def parse_args(argv=None):
                         help="short smoke run (fewer rounds, shorter windows)")
     parser.add_argument("--cases", default="",
                         help="comma-separated subset of: " + ", ".join(
-                            TIMED_CASES + MEMORY_CASES + ["syscalls", "instructions"]))
+                            TIMED_CASES + MEMORY_CASES + COUNTED))
     parser.add_argument("--loops", default="",
                         help="comma-separated subset of: " + ", ".join(LINUX_LOOPS + WINDOWS_LOOPS))
-    parser.add_argument("--rounds", type=int, help="Linux rounds (default 5, quick 3)")
+    parser.add_argument("--rounds", type=int,
+                        help="Linux (or native Windows) rounds (default 5, quick 3)")
     parser.add_argument("--wine-rounds", type=int, help="Wine rounds (default 3, quick 2)")
     parser.add_argument("--duration", type=float, help="measured seconds per figure")
     parser.add_argument("--warmup", type=float, help="warm-up seconds per figure")
     parser.add_argument("--cpu", type=int, default=0, help="the CPU to pin to (default 0)")
     parser.add_argument("--no-linux", action="store_true")
     parser.add_argument("--no-wine", action="store_true")
+    parser.add_argument("--installed", action="store_true",
+                        help="measure the installed socknotify_loop, not the source tree "
+                             "(no in-place build)")
     parser.add_argument("--report", action="store_true",
                         help="write docs/benchmarks.md and plots even for a quick or filtered run")
     parser.add_argument("--output", help="results file (default results/<date>.json)")
@@ -71,6 +90,7 @@ def parse_args(argv=None):
     options.connections = 2000 if quick else 5000
     options.strace_counts = (500, 2500) if quick else (1000, 6000)
     options.callgrind_counts = (200, 1200) if quick else (500, 3000)
+    options.kernel_counts = (200, 1200) if quick else (1000, 6000)
     options.case_list = [c for c in options.cases.split(",") if c] or None
     options.loop_list = [c for c in options.loops.split(",") if c] or None
     options.filtered = bool(options.case_list or options.loop_list)
@@ -92,29 +112,48 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
-def linux_platform(cpu: int) -> Platform:
+def package_env(options) -> dict:
+    """The workers' environment: our package from the source tree (built in
+    place if need be), unless --installed."""
     env = dict(os.environ)
-    # Our package from the source tree (built in place if need be).
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    if not options.installed:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     env.pop("SOCKNOTIFY_BACKEND", None)
+    return env
+
+
+def linux_platform(options) -> Platform:
     return Platform(name="linux", command=lambda spec: [sys.executable, os.path.join(
-        HERE, "worker.py"), spec], env=env, pin=cpu, cwd=ROOT)
+        HERE, "worker.py"), spec], env=package_env(options), pin=options.cpu, cwd=ROOT)
 
 
-def ensure_inplace_build() -> None:
-    """`python setup.py build_ext --inplace` when the C core is missing or
-    older than its sources, so the figures are those of the code in the tree."""
+def windows_platform(options) -> Platform:
+    """Windows CPython itself, natively: this very interpreter runs the
+    workers, each pinning itself to the CPU (SetProcessAffinityMask)."""
+    return Platform(name="windows", command=lambda spec: [sys.executable, os.path.join(
+        HERE, "worker.py"), spec], env=package_env(options), pin=options.cpu, cwd=ROOT)
+
+
+def ensure_inplace_build(options) -> None:
+    """``pip install -e .`` when the C core is missing or older than its
+    sources, so the figures are those of the code in the tree. (The build
+    runs in pip's isolated build environment: ``setup.py build_ext`` needs
+    the setuptools pyproject.toml asks for, which this Python may lack.)"""
     import glob
     import subprocess
+    if options.installed:
+        return
     package = os.path.join(ROOT, "socknotify_loop")
-    built = glob.glob(os.path.join(package, "_socknotify*.so"))
+    built = glob.glob(os.path.join(package, "_socknotify*.so" if not WINDOWS
+                                   else "_socknotify*.pyd"))
     sources = glob.glob(os.path.join(package, "_core", "*.[ch]")) + [
         os.path.join(package, "_build.py")]
     newest = max(os.path.getmtime(p) for p in sources)
     if built and min(os.path.getmtime(p) for p in built) >= newest:
         return
-    log("building the C core in place (python setup.py build_ext --inplace)")
-    proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT,
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", ROOT]
+    log(f"building the C core in place ({' '.join(command[1:])})")
+    proc = subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     if proc.returncode != 0:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
@@ -163,14 +202,15 @@ def run_linux(options, cfg, progress) -> Optional[dict]:
     cases = wanted(options, TIMED_CASES + MEMORY_CASES)
     asked = set(options.case_list or [])
     want_syscalls = options.case_list is None or "syscalls" in asked
+    want_kernel_calls = wants_kernel_calls(options)
     # callgrind costs ~2 minutes: left out of --quick unless asked for by name.
     want_instructions = (options.case_list is None and not options.quick) \
         or "instructions" in asked
-    if not loops or not (cases or want_syscalls or want_instructions):
+    if not loops or not (cases or want_syscalls or want_instructions or want_kernel_calls):
         return None
     if "socknotify" in loops:
-        ensure_inplace_build()
-    platform = linux_platform(options.cpu)
+        ensure_inplace_build(options)
+    platform = linux_platform(options)
     log(f"Linux: loops {', '.join(loops)}; {options.rounds} rounds, "
         f"{options.warmup}+{options.duration} s per figure, pinned to CPU {options.cpu}")
     section = run_platform(platform, loops, cases, options.rounds,
@@ -187,15 +227,28 @@ def run_linux(options, cfg, progress) -> Optional[dict]:
         progress.add(len(counting.pairs(section["usable"])))
         section["instructions"] = instructions.count(platform, section["usable"],
                                                      options.callgrind_counts, progress)
+    if want_kernel_calls:
+        count_kernel_calls(platform, section, options, progress)
     summarise(section, LINUX_REFERENCES)
     return section
+
+
+def wants_kernel_calls(options) -> bool:
+    return options.case_list is None or "kernel_calls" in options.case_list
+
+
+def count_kernel_calls(platform: Platform, section: dict, options, progress) -> None:
+    progress.add(len(kernel_calls.pairs(section["usable"])))
+    section["kernel_calls"] = kernel_calls.count(platform, section["usable"],
+                                                 options.kernel_counts, progress)
 
 
 def run_wine(options, cfg, progress) -> Optional[dict]:
     """Windows CPython under Wine: the same rounds and memory figures."""
     loops = wanted_loops(options, WINDOWS_LOOPS)
     cases = wanted(options, TIMED_CASES + MEMORY_CASES)
-    if not loops or not cases:
+    want_kernel_calls = wants_kernel_calls(options)
+    if not loops or not (cases or want_kernel_calls):
         return None
     import wine_side   # only now: it checks for (and may apt-get) Wine and mingw
     log("Wine: preparing Windows CPython, winloop and our win_amd64 wheel")
@@ -213,6 +266,30 @@ def run_wine(options, cfg, progress) -> Optional[dict]:
     }
     section["wine_version"] = wine_side.wine_version()
     section["notes"] = notes
+    if want_kernel_calls:
+        count_kernel_calls(platform, section, options, progress)
+    summarise(section, WINE_REFERENCES)
+    return section
+
+
+def run_windows(options, cfg, progress) -> Optional[dict]:
+    """Natively on Windows: the loops of the Wine section, the same cases
+    and rounds, and the kernel-call counts; no strace or callgrind."""
+    loops = wanted_loops(options, WINDOWS_LOOPS)
+    cases = wanted(options, TIMED_CASES + MEMORY_CASES)
+    want_kernel_calls = wants_kernel_calls(options)
+    if not loops or not (cases or want_kernel_calls):
+        return None
+    if any(name in OURS for name in loops):
+        ensure_inplace_build(options)
+    platform = windows_platform(options)
+    log(f"Windows: loops {', '.join(loops)}; {options.rounds} rounds, "
+        f"{options.warmup}+{options.duration} s per figure, pinned to CPU {options.cpu}")
+    section = run_platform(platform, loops, cases, options.rounds,
+                           dict(cfg, setup_allowance=5), options, progress)
+    section["placement"] = f"worker pinned to CPU {options.cpu} (SetProcessAffinityMask)"
+    if want_kernel_calls:
+        count_kernel_calls(platform, section, options, progress)
     summarise(section, WINE_REFERENCES)
     return section
 
@@ -223,18 +300,25 @@ def main(argv=None) -> int:
     meta = machine.describe()
     meta["command"] = " ".join(["python", "benchmarks/run.py", *(argv or sys.argv[1:])])
     meta["options"] = {k: getattr(options, k) for k in (
-        "quick", "rounds", "wine_rounds", "duration", "warmup", "connections", "cpu")}
+        "quick", "rounds", "wine_rounds", "duration", "warmup", "connections", "cpu",
+        "installed")}
+    meta["options"]["kernel_counts"] = list(options.kernel_counts)
     meta["options"]["strace_counts"] = list(options.strace_counts)
     meta["options"]["callgrind_counts"] = list(options.callgrind_counts)
     results = {"meta": meta}
     cfg = {"warmup": options.warmup, "duration": options.duration, "timeout": 240}
     progress = Progress(0)
 
-    if not options.no_linux:
+    if WINDOWS:
+        # Natively on Windows: no Linux side, and no Wine in between.
+        section = run_windows(options, cfg, progress)
+        if section:
+            results["windows"] = section
+    if not options.no_linux and not WINDOWS:
         section = run_linux(options, cfg, progress)
         if section:
             results["linux"] = section
-    if not options.no_wine:
+    if not options.no_wine and not WINDOWS:
         section = run_wine(options, cfg, progress)
         if section:
             results["wine"] = section

@@ -5,7 +5,7 @@ loops of one case back to back (A B C, A B C, ... case after case). Each
 round starts the loop order one place further along (A B C, then B C A,
 ...) so no loop always runs first, right after a case's set-up. Several
 rounds are several processes: the process-to-process spread (about +-15%
-on Linux, benchmarking.md) lands in the min/max instead of in one lucky or
+on Linux, measured here) lands in the min/max instead of in one lucky or
 unlucky figure, and the median is reported.
 
 A ratio is taken per round (ours / peer inside one process, minutes apart
@@ -52,11 +52,12 @@ def supports(loop: str, case: str) -> bool:
 
 @dataclass
 class Platform:
-    """Where workers run: Linux CPython, or Windows CPython under Wine."""
-    name: str                                   # "linux" or "wine"
+    """Where workers run: Linux CPython, Windows CPython under Wine driven
+    from Linux, or Windows CPython natively (run.py run on Windows)."""
+    name: str                                   # "linux", "wine" or "windows"
     command: Callable[[str], List[str]]         # spec path -> argv
     env: Dict[str, str]
-    pin: Optional[int] = None                   # the worker pins itself (Linux)
+    pin: Optional[int] = None                   # the worker pins itself (Linux, Windows)
     before: Callable[[], None] = lambda: None   # e.g. no wineserver lingering
     after: Callable[[], None] = lambda: None
     on_start: Callable[[int], None] = lambda pid: None   # e.g. record placement
@@ -124,7 +125,12 @@ def run_worker(platform: Platform, tag: str, spec: dict, timeout: float,
         drain = threading.Thread(target=lambda: stderr_file.write(proc.stderr.read()),
                                  daemon=True)
         drain.start()
-        timer = threading.Timer(timeout, lambda: _kill(proc))
+        hung: List[bool] = []
+
+        def on_timeout():
+            hung.append(True)
+            _kill(proc)
+        timer = threading.Timer(timeout, on_timeout)
         timer.start()
         started = False
         try:
@@ -147,23 +153,28 @@ def run_worker(platform: Platform, tag: str, spec: dict, timeout: float,
     reported = {r["index"] for r in records if "index" in r}
     for index, m in enumerate(spec.get("measurements", [])):
         if index not in reported:
-            record = dict(m, index=index, error=_death(proc, timeout, stderr_path))
+            record = dict(m, index=index, error=_death(proc, timeout, stderr_path, bool(hung)))
             records.append(record)
             on_record(record)
     return records
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """End a worker: its process group on POSIX (a tool such as strace and
+    the worker under it), the process itself on Windows."""
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            if hasattr(os, "killpg"):
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()          # TerminateProcess
+        except (ProcessLookupError, PermissionError):
             pass
         proc.wait()
 
 
-def _death(proc, timeout, stderr_path) -> str:
-    if proc.returncode in (-signal.SIGKILL,):
+def _death(proc, timeout, stderr_path, hung: bool) -> str:
+    if hung:
         return f"worker killed after {timeout:.0f} s (hung)"
     try:
         with open(stderr_path, "rb") as f:

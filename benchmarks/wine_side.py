@@ -12,7 +12,7 @@ benchmark needs on top:
   PYTHONPATH, rather than installed into the shared Windows Python.
 - Placement: python.exe and wineserver both on one CPU (``taskset``; the
   wineserver that ``wine`` starts inherits the affinity). On different
-  CPUs a loop does ~0.5k round trips/s instead of ~2.5k (benchmarking.md),
+  CPUs a loop does ~0.5k round trips/s instead of ~2.5k (measured here),
   so the placement is read back from /proc and recorded, not assumed.
 - ``wineserver -k; wineserver -w`` before and after every process, so no
   server lingers from the previous round.

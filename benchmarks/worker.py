@@ -8,9 +8,12 @@ or in Windows CPython under Wine, and reads its stdout: one line
 raises is reported as ``{"error": "Type: message"}`` (WindowsSelectorEventLoop
 past 512 sockets is a result, not a crash) and the worker goes on.
 
-The spec (JSON): ``{"measurements": [{"case": ..., "loop": ...}, ...],
-"cfg": {"warmup": s, "duration": s, "count": n|null, "connections": n,
-"timeout": s}, "pin": cpu|null, "describe": [loop names]}``.
+The spec (JSON): ``{"measurements": [{"case": ..., "loop": ...,
+"kernel_calls": [n1, n2]|absent}, ...], "cfg": {"warmup": s, "duration": s,
+"count": n|null, "connections": n, "timeout": s}, "pin": cpu|null,
+"describe": [loop names]}``. A measurement with ``kernel_calls`` is not
+timed: it counts loop iterations and the port's kernel calls (see
+:func:`count_kernel_calls`).
 """
 from __future__ import annotations
 
@@ -27,16 +30,20 @@ import loops
 def prepare_process(pin):
     """Make this process a fair place to measure in.
 
-    - Pin to one CPU (Linux; under Wine the orchestrator pins with taskset,
-      wineserver included): client, server and loop share it, as they
-      would in one real process, and migration noise goes away.
+    - Pin to one CPU (Linux: sched_setaffinity; Windows:
+      SetProcessAffinityMask; for a Linux-driven run under Wine the
+      orchestrator pins with taskset, wineserver included): client, server
+      and loop share it, as they would in one real process, and migration
+      noise goes away.
     - Raise RLIMIT_NOFILE: 5000 idle connections are 10000 descriptors.
     - Allocate and free one 4 MiB block, so glibc's dynamic mmap threshold
       rises above asyncio's 256 KiB read buffer now, instead of mmap/munmap
-      on every read of the first case (benchmarking.md: 2-3x slow).
+      on every read of the first case (measured: 2-3x slower).
     """
     if pin is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {pin})
+    elif pin is not None and sys.platform == "win32":
+        _pin_windows(pin)
     try:
         import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -47,6 +54,20 @@ def prepare_process(pin):
         pass
     block = bytearray(4 << 20)
     del block
+
+
+def _pin_windows(cpu: int) -> None:
+    """SetProcessAffinityMask(GetCurrentProcess(), 1 << cpu); a refusal
+    is reported on stderr, not fatal (the figures are still comparable
+    with each other, only noisier)."""
+    import ctypes
+    from ctypes import wintypes
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    kernel32.GetCurrentProcess.restype = wintypes.HANDLE
+    kernel32.SetProcessAffinityMask.argtypes = [wintypes.HANDLE, ctypes.c_size_t]
+    if not kernel32.SetProcessAffinityMask(kernel32.GetCurrentProcess(), 1 << cpu):
+        sys.stderr.write(f"SetProcessAffinityMask(CPU {cpu}) failed: "
+                         f"error {ctypes.get_last_error()}\n")
 
 
 def case_and_cfg(name: str, base: dict):
@@ -80,6 +101,68 @@ def run_one(case_name: str, loop_name: str, base_cfg: dict) -> dict:
         return loop.run_until_complete(asyncio.wait_for(cases.CASES[name](cfg), timeout))
     finally:
         _close(loop)
+
+
+def _counted_run(case_name: str, loop_name: str, count: int, timeout: float) -> dict:
+    """Run ``count`` round trips of a case on a fresh loop; return how many
+    loop iterations (``_run_once`` calls) it took, how many registration
+    changes the loop handed to its waits, and the port's kernel-call
+    counters (ours only), read before the loop is closed."""
+    name, cfg = case_and_cfg(case_name, {"count": count, "timeout": timeout})
+    loop = loops.loop_factory(loop_name)()
+    iterations = [0]
+    submitted = [0]
+    run_once = loop._run_once
+
+    def counted_run_once():
+        iterations[0] += 1
+        run_once()
+    # run_forever looks _run_once up on the instance, so this counts every
+    # iteration of this loop and of no other.
+    loop._run_once = counted_run_once
+    port = getattr(getattr(loop, "_selector", None), "port", None) \
+        if loop_name in loops.OURS else None
+    if port is not None:
+        selector = loop._selector
+        pack = selector._pack
+
+        def counted_pack():
+            n = pack()
+            submitted[0] += n
+            return n
+        # The changes and re-arms queued for the next wait go through _pack.
+        selector._pack = counted_pack
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(asyncio.wait_for(cases.CASES[name](cfg), timeout))
+        counters = port.counters() if port is not None else None
+        backend = port.backend if port is not None else None
+    finally:
+        _close(loop)
+    return {"iterations": iterations[0], "submitted": submitted[0], "counters": counters,
+            "backend": backend}
+
+
+def count_kernel_calls(case_name: str, loop_name: str, counts, timeout: float) -> dict:
+    """Per round trip: loop iterations, and for ours the port's kernel calls
+    by kind (``Port.counters()``) and the registration changes submitted.
+
+    Two runs on fresh loops, ``counts[0]`` and ``counts[1]`` round trips;
+    start-up and tear-down (imports, connect, close) cost the same in both,
+    so (high - low) / (n2 - n1) is the steady state of one round trip.
+    """
+    low_n, high_n = counts
+    low = _counted_run(case_name, loop_name, low_n, timeout)
+    high = _counted_run(case_name, loop_name, high_n, timeout)
+    span = float(high_n - low_n)
+    result = {"round_trips": [low_n, high_n],
+              "iterations": (high["iterations"] - low["iterations"]) / span}
+    if high["counters"] is not None:
+        result["backend"] = high["backend"]
+        result["submitted"] = (high["submitted"] - low["submitted"]) / span
+        result["counters"] = {name: (value - low["counters"].get(name, 0)) / span
+                              for name, value in high["counters"].items()}
+    return result
 
 
 def _close(loop):
@@ -123,7 +206,11 @@ def main(argv) -> int:
     for index, m in enumerate(spec.get("measurements", [])):
         started = time.perf_counter()
         try:
-            result = run_one(m["case"], m["loop"], spec["cfg"])
+            if m.get("kernel_calls"):
+                result = count_kernel_calls(m["case"], m["loop"], m["kernel_calls"],
+                                            spec["cfg"].get("timeout", 120))
+            else:
+                result = run_one(m["case"], m["loop"], spec["cfg"])
         except Exception as exc:
             result = {"error": describe_error(exc)}
         result.update(case=m["case"], loop=m["loop"], index=index,

