@@ -39,7 +39,9 @@ stock iteration. On other Python versions the stock methods are used.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
+import inspect
 import signal
 import sys
 import threading
@@ -53,6 +55,8 @@ from .selector import NotifySelector
 _select = _lib.sn_port_select
 _PAIRS = 0xFFFFFFFF
 _Handle = events.Handle
+_new_object = object.__new__
+_copy_context = contextvars.copy_context
 # Handles whose _run is asyncio's own, which the iteration runs inline;
 # any other class (a subclass with its own _run) is run through _run().
 _PLAIN_HANDLES = (events.Handle, events.TimerHandle)
@@ -62,15 +66,21 @@ _MIN_SCHEDULED_TIMER_HANDLES = base_events._MIN_SCHEDULED_TIMER_HANDLES
 _MIN_CANCELLED_TIMER_HANDLES_FRACTION = base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
 _MAX_WAIT_MS = 0x7FFFFFFF
 
-# The Python versions whose stock _run_once, _process_events, call_soon and
-# _call_soon this module's versions were checked against (tests/test_loop.py
-# compares the sources). Elsewhere the stock methods run.
+# The Python versions whose stock _run_once, _process_events, call_soon,
+# _call_soon, Handle.__init__ and Handle._run this module's versions were
+# checked against (tests/test_loop.py compares the sources). Elsewhere the
+# stock methods run.
 _FAST_PATH = (3, 9) <= sys.version_info[:2] <= (3, 13)
+
+
+# Python 3.13 (and later 3.12 releases) format callbacks with a debug flag.
+_FORMAT_TAKES_DEBUG = "debug" in inspect.signature(
+    format_helpers._format_callback_source).parameters
 
 
 def _callback_failed(handle: events.Handle, exc: BaseException) -> None:
     """What asyncio's Handle._run does when its callback raises."""
-    if sys.version_info >= (3, 12):
+    if _FORMAT_TAKES_DEBUG:
         source = format_helpers._format_callback_source(
             handle._callback, handle._args, debug=handle._loop.get_debug())
     else:
@@ -134,7 +144,17 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
                 return super().call_soon(callback, *args, context=context)
             if self._closed:
                 raise RuntimeError('Event loop is closed')
-            handle = _Handle(callback, args, self, context)
+            # Handle.__init__ without its two call frames (itself and
+            # loop.get_debug()): the same slots, the same values as with
+            # debug off.
+            handle = _new_object(_Handle)
+            handle._context = _copy_context() if context is None else context
+            handle._loop = self
+            handle._callback = callback
+            handle._args = args
+            handle._cancelled = False
+            handle._repr = None
+            handle._source_traceback = None
             self._ready.append(handle)
             return handle
 

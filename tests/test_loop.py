@@ -627,3 +627,42 @@ def test_package_import_does_not_import_the_loop():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True, cwd=env["PYTHONPATH"]).stdout
     assert out.split() == ["False", "False"]
+
+
+# -- the iteration's stock counterparts ------------------------------------------------
+
+# SHA-256 (first 16 hex digits) of the stock methods whose behaviour
+# Loop._run_once and Loop.call_soon reproduce, per Python version they were
+# checked against. A Python whose stock source differs from every accepted
+# one fails here: its changes must be read and carried over (and the
+# version added to loop._FAST_PATH) before the fast path may run on it.
+_STOCK_SOURCES = {
+    "BaseEventLoop._run_once": {"4ed906f26d5d0ddc", "26970ce6b0d67ef5", "22aebfb8172a0741"},
+    "BaseEventLoop.call_soon": {"53775c63133d8ac0"},
+    "BaseEventLoop._call_soon": {"cd4172992c5f81c2"},
+    "BaseEventLoop._add_callback": {"fe58924e59585519", "7179c52b15044b32"},
+    "BaseSelectorEventLoop._process_events": {"7044c856635b7f64"},
+    "Handle.__init__": {"30d3624f79a99a60"},
+    "Handle._run": {"53f60446b8836903", "494fe4ec3f8612d3"},
+}
+
+
+def _stock(name):
+    from asyncio import base_events, events, selector_events
+    owner, attr = name.split(".")
+    module = {"BaseEventLoop": base_events, "BaseSelectorEventLoop": selector_events,
+              "Handle": events}[owner]
+    return getattr(getattr(module, owner), attr)
+
+
+@pytest.mark.parametrize("name", sorted(_STOCK_SOURCES))
+def test_fast_path_matches_this_pythons_stock_methods(name):
+    import hashlib
+    import inspect
+    from socknotify_loop import loop as loop_module
+    if not loop_module._FAST_PATH:
+        pytest.skip(f"Python {sys.version_info[:2]} runs asyncio's stock iteration")
+    digest = hashlib.sha256(inspect.getsource(_stock(name)).encode()).hexdigest()[:16]
+    assert digest in _STOCK_SOURCES[name], (
+        f"asyncio's {name} changed in Python {sys.version.split()[0]}: review Loop's "
+        f"fast path against it ({digest})")

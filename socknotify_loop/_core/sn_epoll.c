@@ -254,6 +254,10 @@ static uint32_t epoll__apply(sn_port_t *port, const sn_registration_t *reg) {
             if (!(errno == ENOENT && fcntl(fd, F_GETFD) >= 0))
                 return (uint32_t)errno;
         }
+        /* epoll drops the item's queued readiness with it: the REMOVE
+           event is ours to make, and a quiet remove needs none. */
+        if (reg->trigger & SN_TRIGGER_QUIET)
+            return 0;
         return (uint32_t)epoll__queue_push(port, reg->key, SN_EVENT_REMOVE, 0);
     default:
         return 0;   /* SN_OP_NONE: a placeholder the port layer rejected */

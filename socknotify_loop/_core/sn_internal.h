@@ -88,6 +88,11 @@ typedef struct sn_record {
    it -- the descriptor was closed, and its number may name another file
    now, which must not inherit the old registration. Backends strip it. */
 #define SN_TRIGGER_MODIFY_ONLY 0x80
+/* Likewise in a kernel REMOVE: the caller asked for quiet removes, so the
+   backend need not produce the REMOVE event at all (the port layer would
+   drop it as stale). PSN produces it anyway; it is dropped. */
+#define SN_TRIGGER_QUIET 0x40
+#define SN_TRIGGER_INTERNAL (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET)
 
 enum {
     SN_RECORD_FREE = 0,

@@ -257,7 +257,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         kregs[i].eventFilter = regs[i].events;
         kregs[i].operation = regs[i].op;
         /* The kernel (or the polyfill) tracks registrations itself. */
-        kregs[i].triggerFlags = regs[i].trigger & (UINT8)~SN_TRIGGER_MODIFY_ONLY;
+        kregs[i].triggerFlags = regs[i].trigger & (UINT8)~SN_TRIGGER_INTERNAL;
         kregs[i].registrationResult = ERROR_SUCCESS;
     }
 

@@ -555,8 +555,11 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
                 err = SN_ERROR_NOT_REGISTERED;
                 break;
             }
-            if (reg->op == SN_OP_REMOVE)
+            if (reg->op == SN_OP_REMOVE) {
                 record->state = SN_RECORD_REMOVING;
+                if (flags & SN_PROCESS_QUIET_REMOVE)
+                    kreg->trigger |= SN_TRIGGER_QUIET;
+            }
             break;
         case SN_OP_NONE:
             p->skip = 1;
@@ -576,7 +579,6 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
         p->slot = slot;
         kreg->key = SN_KERNEL_KEY(slot, port->records[slot].generation);
     }
-    (void)flags;
     return refused;
 }
 
