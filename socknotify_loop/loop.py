@@ -111,9 +111,10 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
     by default one is made on the best backend available.
     """
 
-    #: Called right after each wait on the port (the Windows loop
-    #: completes overlapped I/O there); None when there is nothing to do.
-    _after_wait: Optional[Callable[[], None]] = None
+    if sys.platform != "win32":
+        #: Called right after each wait on the port; the Windows loop's
+        #: (OverlappedIOMixin._after_wait) completes overlapped I/O there.
+        _after_wait: Optional[Callable[[], None]] = None
 
     def __init__(self, selector: Optional[NotifySelector] = None) -> None:
         if selector is None:
