@@ -25,7 +25,7 @@ import pytest
 
 from socknotify_loop import Loop
 from socknotify_loop import port as port_module
-from socknotify_loop.port import (EVENT_IN, OP_ENABLE, TRIGGER_LEVEL, TRIGGER_ONESHOT, Port,
+from socknotify_loop.port import (EVENT_IN, Port,
                                   Registration)
 from socknotify_loop.selector import WAKEUP_KEY, NotifySelector
 

@@ -1,10 +1,8 @@
 """Behaviour of the low-level Port, on every backend this machine has."""
 from __future__ import annotations
 
-import errno
 import os
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -14,7 +12,7 @@ import pytest
 from socknotify_loop import port as port_module
 from socknotify_loop.port import (
     EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_OUT, EVENT_REMOVE,
-    OP_DISABLE, OP_ENABLE, OP_REMOVE,
+    OP_DISABLE, OP_REMOVE,
     TRIGGER_EDGE, TRIGGER_LEVEL, TRIGGER_ONESHOT, TRIGGER_PERSISTENT,
     Port, Registration,
 )

@@ -22,8 +22,6 @@ import time
 
 import pytest
 
-from socknotify_loop.port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN,
-                                  OP_ENABLE, OP_REMOVE)
 from socknotify_loop.selector import NotifySelector
 
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE

@@ -19,7 +19,6 @@ import time
 import pytest
 
 import socknotify_loop
-from socknotify_loop.port import EVENT_IN, EVENT_IO
 from socknotify_loop.selector import NotifySelector
 
 WINDOWS = sys.platform == "win32"
