@@ -262,8 +262,22 @@ class NotifySelector(selectors.BaseSelector):
         keys = self._keys
         free = self._free
         slot = free[-1] if free else len(keys)
-        # Raises before anything is recorded.
-        self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
+        pending = self._pending
+        if (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
+                and pending[-1].fd == fd):
+            # Unregistered and registered again before the next select (what
+            # asyncio's sock_recv does: its reader goes in a done callback,
+            # the next sock_recv adds it back): the port still has the
+            # registration, so the pair is one modification of it. On AFD
+            # a poll still in flight then keeps serving instead of being
+            # cancelled and made again.
+            pending[-1] = _new_change(
+                Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
+            known_to_port = True
+        else:
+            known_to_port = at_once
+            # Raises before anything is recorded.
+            self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
         key = SelectorKey(fileobj, fd, events, data)
         if free:
             free.pop()
@@ -271,7 +285,7 @@ class NotifySelector(selectors.BaseSelector):
         else:
             keys.append(key)
         records[fd] = _new_record(_Record, (key, slot))
-        if not at_once:
+        if not known_to_port:
             self._unsent[slot] = fd
         if len(records) > self._room:
             self._bind(self._room * 2, self._changes_room)
