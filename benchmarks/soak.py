@@ -97,6 +97,13 @@ def raise_descriptor_limit(wanted: int) -> int:
         return wanted    # no such limit for sockets
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and wanted > hard:
+        try:
+            # Allowed as root (up to fs.nr_open); otherwise the hard limit holds.
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, wanted))
+            hard = wanted
+        except (ValueError, OSError):
+            pass
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if target > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
@@ -144,7 +151,8 @@ class Echo(asyncio.Protocol):
             self.stats.server_resets_seen += 1
 
 
-async def session(address, stats: Stats, rng: random.Random, connect_gate, deadline) -> None:
+async def session(address, stats: Stats, rng: random.Random, connect_gate, deadline,
+                  pause: float) -> None:
     async with connect_gate:
         try:
             reader, writer = await asyncio.open_connection(*address)
@@ -168,7 +176,9 @@ async def session(address, stats: Stats, rng: random.Random, connect_gate, deadl
                 stats.bytes_verified += len(payload)
             if time.monotonic() > deadline:
                 break
-            await asyncio.sleep(rng.uniform(0, 0.2))
+            # Idle between rounds: how long connections stay open, and so
+            # how many are open at once.
+            await asyncio.sleep(rng.uniform(0, pause))
         stats.sessions += 1
     except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
         stats.error("echo", exc)
@@ -188,20 +198,20 @@ async def session(address, stats: Stats, rng: random.Random, connect_gate, deadl
                 pass
 
 
-async def client(address, stats, seed, connect_gate, deadline) -> None:
+async def client(address, stats, seed, connect_gate, deadline, pause) -> None:
     rng = random.Random(seed)
     while time.monotonic() < deadline:
-        await session(address, stats, rng, connect_gate, deadline)
+        await session(address, stats, rng, connect_gate, deadline, pause)
 
 
-async def soak(seconds: float, connections: int, seed: int) -> Stats:
+async def soak(seconds: float, connections: int, seed: int, pause: float = 1.0) -> Stats:
     loop = asyncio.get_running_loop()
     stats = Stats()
     server = await loop.create_server(lambda: Echo(stats), "127.0.0.1", 0, backlog=4096)
     address = server.sockets[0].getsockname()[:2]
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
     deadline = time.monotonic() + seconds
-    tasks = [asyncio.ensure_future(client(address, stats, seed + n, gate, deadline))
+    tasks = [asyncio.ensure_future(client(address, stats, seed + n, gate, deadline, pause))
              for n in range(connections)]
     try:
         done = await asyncio.gather(*tasks, return_exceptions=True)
@@ -222,6 +232,9 @@ def main(argv=None) -> int:
     parser.add_argument("--connections", type=int, default=2000 if WINDOWS else 10000,
                         help="concurrent clients (default: 10000 on Linux, 2000 on Windows)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pause", type=float, default=1.0,
+                        help="longest idle pause between a connection's rounds, s "
+                             "(longer pauses keep more connections open at once)")
     options = parser.parse_args(argv)
 
     connections = options.connections
@@ -238,7 +251,8 @@ def main(argv=None) -> int:
     backend = loop.backend
     started = time.monotonic()
     try:
-        stats = loop.run_until_complete(soak(options.seconds, connections, options.seed))
+        stats = loop.run_until_complete(soak(options.seconds, connections, options.seed,
+                                             options.pause))
     finally:
         loop.close()
     elapsed = time.monotonic() - started
