@@ -77,8 +77,13 @@ def run_child(code: str, timeout: float = 60.0, env=None) -> str:
     # Output goes to files, not pipes: a killed child's descendants (a
     # crash debugger) cannot keep us waiting for the pipes to close.
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        # From a neutral folder: `python -c` puts the current directory
+        # first on sys.path, and from the repository root that is the
+        # source tree (no compiled core under tox); the installed copy the
+        # tests use must be what the child imports.
         child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                                 stdout=out, stderr=err, env=child_env, text=True)
+                                 stdout=out, stderr=err, env=child_env, text=True,
+                                 cwd=tempfile.gettempdir())
         try:
             returncode = child.wait(timeout)
         except subprocess.TimeoutExpired:
