@@ -664,6 +664,7 @@ static void vtable_round(const sn_backend_ops_t *ops) {
     sn_port_t port;
     sn_registration_t r;
     sn_kevent_t ev[8];
+    uint32_t dropped = 0;
     uint32_t got = 0;
     SOCKET a, b;
     int64_t t0;
@@ -678,17 +679,17 @@ static void vtable_round(const sn_backend_ops_t *ops) {
     r.op = SN_OP_ENABLE;
     r.trigger = SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL;
     r.result = 12345;
-    CHECK_EQ(ops->process(&port, &r, 1, 50, ev, 8, &got), 0);
+    CHECK_EQ(ops->process(&port, &r, 1, 50, ev, 8, &got, &dropped), 0);
     CHECK_EQ(r.result, 0);
     CHECK_EQ(got, 0);
     CHECK_EQ(send(b, "x", 1, 0), 1);
-    CHECK_EQ(ops->process(&port, NULL, 0, SN_INFINITE, ev, 8, &got), 0);
+    CHECK_EQ(ops->process(&port, NULL, 0, SN_INFINITE, ev, 8, &got, &dropped), 0);
     CHECK_EQ(got, 1);
     CHECK_EQ(ev[0].key, 0x7000000100000002ull);
     CHECK_EQ(ev[0].events, SN_EVENT_IN);
     CHECK_EQ(ev[0].posted, 0);
     CHECK_EQ(ops->post(&port, 0xFFFFFFFFFFFFFFF0ull), 0);
-    CHECK_EQ(ops->process(&port, NULL, 0, 1000, ev, 8, &got), 0);
+    CHECK_EQ(ops->process(&port, NULL, 0, 1000, ev, 8, &got, &dropped), 0);
     CHECK_EQ(got, 1);
     CHECK_EQ(ev[0].key, 0xFFFFFFFFFFFFFFF0ull);
     CHECK_EQ(ev[0].posted, 1);
@@ -696,28 +697,28 @@ static void vtable_round(const sn_backend_ops_t *ops) {
     r.op = SN_OP_REMOVE;
     r.events = 0;
     r.trigger = 0;
-    CHECK_EQ(ops->process(&port, &r, 1, 1000, ev, 8, &got), 0);
+    CHECK_EQ(ops->process(&port, &r, 1, 1000, ev, 8, &got, &dropped), 0);
     CHECK_EQ(r.result, 0);
     CHECK_EQ(got, 1);
     CHECK_EQ(ev[0].events, SN_EVENT_REMOVE);
     CHECK_EQ(ev[0].key, 0x7000000100000002ull);
     /* Register-only call with no room for events, and a failed REMOVE. */
-    CHECK_EQ(ops->process(&port, &r, 1, 1000, ev, 0, &got), 0);
+    CHECK_EQ(ops->process(&port, &r, 1, 1000, ev, 0, &got, &dropped), 0);
     CHECK_EQ(got, 0);
     CHECK(r.result != 0);
     /* A huge finite timeout stays finite (no hang): something is queued. */
     CHECK_EQ(ops->post(&port, 5), 0);
     t0 = sn_now_ms();
-    CHECK_EQ(ops->process(&port, NULL, 0, (int64_t)1 << 40, ev, 8, &got), 0);
+    CHECK_EQ(ops->process(&port, NULL, 0, (int64_t)1 << 40, ev, 8, &got, &dropped), 0);
     CHECK_EQ(got, 1);
     CHECK(sn_now_ms() - t0 < 1000);
     /* The timeout path: 0 returned, nothing received. */
     got = 99;
-    CHECK_EQ(ops->process(&port, NULL, 0, 0, ev, 8, &got), 0);
+    CHECK_EQ(ops->process(&port, NULL, 0, 0, ev, 8, &got, &dropped), 0);
     CHECK_EQ(got, 0);
     closesocket(a);
     closesocket(b);
-    ops->close(&port);
+    ops->close(&port, 0);
     CHECK(port.impl == NULL);
 }
 
@@ -729,7 +730,8 @@ static void test_vtable_afd(void) {
 static void test_vtable_psn(void) {
     sn_port_t port;
     memset(&port, 0, sizeof port);
-    if (!sn_psn_available()) {
+    const char *why;
+    if (!sn_psn_ops.available(&why)) {
         printf("[ProcessSocketNotifications absent: open refused] ");
         CHECK_EQ(sn_psn_ops.open(&port), ERROR_NOT_SUPPORTED);
         return;
