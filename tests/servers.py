@@ -32,23 +32,6 @@ REDIS_URL_VAR = "SOCKNOTIFY_TEST_REDIS_URL"
 REQUIRE_VAR = "SOCKNOTIFY_REQUIRE_INTEGRATIONS"
 
 
-def _no_wmi_under_wine() -> None:
-    """Python 3.13's platform module asks WMI first (platform.uname(), which
-    asyncpg and others call at import); under Wine 8 that reaches
-    propsys.VariantToString, an unimplemented stub that aborts the process.
-    Without the _wmi module, platform falls back to sys.getwindowsversion()
-    and "ver", so the libraries import. Only the Wine test process is changed."""
-    if sys.platform != "win32":
-        return
-    from _platform import running_under_wine
-    if running_under_wine():
-        import platform
-        platform._wmi = None
-
-
-_no_wmi_under_wine()
-
-
 def integrations_required() -> bool:
     return os.environ.get(REQUIRE_VAR, "") not in ("", "0")
 

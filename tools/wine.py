@@ -368,11 +368,36 @@ def finished_pytest(output: str) -> bool:
     return any(summary.search(line) for line in tail)
 
 
+SITECUSTOMIZE = """\
+# Written by socknotify_loop's tools/wine.py into the Windows Python it
+# tests with under Wine; never shipped. Python 3.13's platform module asks
+# WMI first (platform.uname(), called at import by asyncpg, hypothesis's
+# plugin and others); under Wine 8 that reaches propsys.VariantToString, an
+# unimplemented stub that aborts the process. Without WMI, platform falls
+# back to sys.getwindowsversion(). Every process of this Python gets the
+# fallback, the test suites' child processes included.
+try:
+    import platform as _platform
+    _platform._wmi = None
+except Exception:
+    pass
+"""
+
+
+def install_sitecustomize(version: str) -> None:
+    """Put SITECUSTOMIZE into the test Python's site-packages."""
+    path = os.path.join(python_dir(version), "Lib", "site-packages", "sitecustomize.py")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(SITECUSTOMIZE)
+
+
 def cmd_test(version: str, wheel: str, pytest_args) -> int:
     requirements = os.path.join(ROOT, "tests", "requirements-windows.txt")
     pip_for_windows(version, ["-r", requirements] if os.path.exists(requirements)
                     else TEST_REQUIREMENTS)
     pip_for_windows(version, ["--no-deps", "--force-reinstall", wheel])
+    install_sitecustomize(version)
     # Run from a folder without the source package, so the installed wheel
     # is what gets imported.
     rundir = os.path.join(CACHE, "run")
@@ -480,6 +505,7 @@ def cmd_bench(version: str, run_args) -> int:
     wheel = fresh_wheel(version)
     pip_for_windows(version, ["cffi"])
     pip_for_windows(version, ["--no-deps", "--force-reinstall", wheel])
+    install_sitecustomize(version)
     rundir = os.path.join(CACHE, "run")
     os.makedirs(rundir, exist_ok=True)
     output = os.path.join(CACHE, "bench-native.json")
