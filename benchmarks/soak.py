@@ -46,7 +46,12 @@ def open_descriptors() -> int:
         from ctypes import wintypes
         count = wintypes.DWORD()
         kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
-        kernel32.GetProcessHandleCount(kernel32.GetCurrentProcess(), ctypes.byref(count))
+        # HANDLE-sized types: ctypes' default int would cut the pseudo
+        # handle -1 to 32 bits, and the call would fail.
+        kernel32.GetCurrentProcess.restype = wintypes.HANDLE
+        kernel32.GetProcessHandleCount.argtypes = [wintypes.HANDLE, ctypes.POINTER(wintypes.DWORD)]
+        if not kernel32.GetProcessHandleCount(kernel32.GetCurrentProcess(), ctypes.byref(count)):
+            raise ctypes.WinError(ctypes.get_last_error())
         return count.value
     try:
         return len(os.listdir("/proc/self/fd"))
@@ -79,9 +84,12 @@ def resident_bytes() -> int:
         counters = Counters()
         counters.cb = ctypes.sizeof(counters)
         kernel32 = ctypes.WinDLL("kernel32")
-        psapi = ctypes.WinDLL("psapi")
-        psapi.GetProcessMemoryInfo(kernel32.GetCurrentProcess(), ctypes.byref(counters),
-                                   counters.cb)
+        psapi = ctypes.WinDLL("psapi", use_last_error=True)
+        kernel32.GetCurrentProcess.restype = wintypes.HANDLE
+        psapi.GetProcessMemoryInfo.argtypes = [wintypes.HANDLE, ctypes.c_void_p, wintypes.DWORD]
+        if not psapi.GetProcessMemoryInfo(kernel32.GetCurrentProcess(), ctypes.byref(counters),
+                                          counters.cb):
+            raise ctypes.WinError(ctypes.get_last_error())
         return counters.WorkingSetSize
     try:
         with open("/proc/self/statm") as f:
