@@ -69,34 +69,10 @@ def open_descriptors() -> int:
 
 
 def resident_bytes() -> int:
-    """Resident set size in bytes."""
-    if WINDOWS:
-        import ctypes
-        from ctypes import wintypes
-
-        class Counters(ctypes.Structure):
-            _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD)] + [
-                (name, ctypes.c_size_t) for name in (
-                    "PeakWorkingSetSize", "WorkingSetSize", "QuotaPeakPagedPoolUsage",
-                    "QuotaPagedPoolUsage", "QuotaPeakNonPagedPoolUsage",
-                    "QuotaNonPagedPoolUsage", "PagefileUsage", "PeakPagefileUsage")]
-
-        counters = Counters()
-        counters.cb = ctypes.sizeof(counters)
-        kernel32 = ctypes.WinDLL("kernel32")
-        psapi = ctypes.WinDLL("psapi", use_last_error=True)
-        kernel32.GetCurrentProcess.restype = wintypes.HANDLE
-        psapi.GetProcessMemoryInfo.argtypes = [wintypes.HANDLE, ctypes.c_void_p, wintypes.DWORD]
-        if not psapi.GetProcessMemoryInfo(kernel32.GetCurrentProcess(), ctypes.byref(counters),
-                                          counters.cb):
-            raise ctypes.WinError(ctypes.get_last_error())
-        return counters.WorkingSetSize
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except FileNotFoundError:
-        import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Resident set size in bytes: the benchmarks' own reading (cases.py,
+    beside this file), working set on Windows."""
+    from cases import rss_bytes
+    return rss_bytes()
 
 
 def raise_descriptor_limit(wanted: int) -> int:

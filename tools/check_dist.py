@@ -15,7 +15,6 @@ first failure.
 """
 from __future__ import annotations
 
-import ast
 import glob
 import os
 import platform
@@ -48,16 +47,10 @@ def fail(message: str) -> None:
 
 
 def source_version() -> str:
-    """The version in socknotify_loop/_version.py, read without importing."""
-    path = os.path.join(ROOT, "socknotify_loop", "_version.py")
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-                getattr(t, "id", None) == "__version__" for t in node.targets):
-            return ast.literal_eval(node.value)
-    fail(f"{path} sets no __version__")
-    return ""
+    """The version in socknotify_loop/_version.py, read without importing
+    the package (tools/wine.py's reader, beside this file)."""
+    from wine import package_version
+    return package_version()
 
 
 def venv_python(venv: str) -> str:
