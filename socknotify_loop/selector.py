@@ -44,7 +44,7 @@ from __future__ import annotations
 import selectors
 from collections.abc import Mapping
 from time import monotonic as _monotonic
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from .port import (EVENT_HANGUP, EVENT_IN, EVENT_OUT, OP_ENABLE, OP_REMOVE, TRIGGER_LEVEL,
                    TRIGGER_ONESHOT, Change, Port, _os_error, timeout_ms)
@@ -144,7 +144,7 @@ class NotifySelector(selectors.BaseSelector):
         self._free: List[int] = []
         # Changes for the next select() (completion-port backends only).
         self._pending: List[Change] = []
-        self._unsent: Dict[int, int] = {}   # slot -> fd, first ENABLE still pending
+        self._unsent: Set[int] = set()   # slots whose first ENABLE is still queued
         self._map: Optional[_SelectorMapping] = _SelectorMapping(self)
         #: Keys (OVERLAPPED addresses) of overlapped I/O completions that
         #: came out of the port (Windows handles associated with
@@ -286,7 +286,7 @@ class NotifySelector(selectors.BaseSelector):
             keys.append(key)
         records[fd] = _new_record(_Record, (key, slot))
         if not known_to_port:
-            self._unsent[slot] = fd
+            self._unsent.add(slot)
         if len(records) > self._room:
             self._bind(self._room * 2, self._changes_room)
         return key
@@ -303,8 +303,9 @@ class NotifySelector(selectors.BaseSelector):
             raise KeyError(f"{fileobj!r} is not registered") from None
         self._keys[slot] = None
         self._free.append(slot)
-        if not self._at_once and self._unsent.pop(slot, None) is not None:
+        if slot in self._unsent:
             # The port never heard of it: forget its queued changes.
+            self._unsent.discard(slot)
             self._pending = [c for c in self._pending if c.key != slot]
         else:
             self._change(key.fd, slot, 0, OP_REMOVE, 0)

@@ -251,8 +251,6 @@ const sn_backend_ops_t *const sn_backends[] = {
     NULL,
 };
 
-static const char *const sn__names[] = {"auto", "epoll", "psn", "afd"};
-
 static const sn_backend_ops_t *sn__ops_for(int backend) {
     int i;
     for (i = 0; sn_backends[i] != NULL; i++) {
@@ -292,7 +290,6 @@ int sn_backend_available(int backend, char *buf, uint32_t buf_size) {
         strncpy(buf, why, buf_size - 1);
         buf[buf_size - 1] = '\0';
     }
-    (void)sn__names;
     return available;
 }
 
