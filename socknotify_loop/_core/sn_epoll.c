@@ -11,6 +11,8 @@
  *     OP_DISABLE  EPOLL_CTL_DEL (see below)
  *     OP_REMOVE   EPOLL_CTL_DEL, then a REMOVE event of our own
  *     post()      a queue of ours plus an eventfd that wakes the wait
+ *     disarm      EPOLL_CTL_MOD to EPOLLONESHOT with an empty filter
+ *     rebuild     a new epoll instance, dup3()'d over the old one's number
  *
  * The hazards, and so why the code is the way it is:
  *   - epoll cannot apply registrations and wait in one transition; Linux
@@ -25,11 +27,22 @@
  *     reused fd number is therefore new to epoll: MOD says ENOENT, we ADD.
  *     But while a dup() of the fd lives (in this process or a forked
  *     child), the item outlives the close and can no longer be deleted by
- *     number. Such an orphan must not fire forever: that is why one-shot
- *     registrations stay EPOLLONESHOT in the kernel (an orphan fires once
- *     and is dropped as stale), why re-arms cost an EPOLL_CTL_MOD each,
- *     and why a selector applies its unregister at once, while the fd is
- *     still open.
+ *     number. Such an orphan must not fire forever. A selector applies its
+ *     unregister at once, while the fd is still open, so asyncio's own
+ *     order (remove the reader, then close) never leaves one.
+ *   - A one-shot item costs an EPOLL_CTL_MOD per re-arm, and a selector
+ *     re-arms after every event: on a ping-pong that is a third more
+ *     system calls than a persistent item needs. So this backend offers
+ *     lazy re-arms (SN_CAP_LAZY_REARM; the port layer's "Lazy re-arms"):
+ *     the items of a selector are level and persistent, and the port keeps
+ *     the one-shot rule. Their orphan would fire forever; the port sees it
+ *     (a stale key twice, or a disarm that fails) and asks for a rebuild:
+ *     a fresh epoll instance takes every live item, each first checked
+ *     with an EPOLL_CTL_MOD on the old instance (which succeeds only if the
+ *     number still names the file that was registered), and replaces the
+ *     old instance under the same number (dup3), orphan and all. Threads
+ *     blocked in the old instance are woken through the eventfd, which
+ *     both instances hold.
  *   - epoll says EPOLLRDHUP when the peer shut its sending side down and
  *     EPOLLHUP when both directions are gone. The first is a hang-up of the
  *     read side only (a read meets EOF; a write may still block on a full
@@ -381,11 +394,67 @@ static int epoll__check(sn_port_t *port, uint64_t socket) {
     return 0;
 }
 
+static int epoll__disarm(sn_port_t *port, uint64_t socket, uint64_t key) {
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof ev);
+    /* EPOLLERR and EPOLLHUP cannot be masked, but a one-shot item reports
+       them at most once more; the port drops that report. */
+    ev.events = EPOLLONESHOT;
+    ev.data.u64 = key;
+    if (socket > 0x7fffffff)
+        return EBADF;
+    return epoll__ctl(port, EPOLL_CTL_MOD, (int)socket, &ev) == 0 ? 0 : errno;
+}
+
+static int epoll__rebuild(sn_port_t *port, sn_registration_t *items, uint32_t count) {
+    epoll_port_t *ep = port->impl;
+    struct epoll_event ev;
+    uint32_t i;
+    int fresh, err;
+
+    fresh = epoll_create1(EPOLL_CLOEXEC);
+    if (fresh < 0)
+        return errno;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.u64 = SN_EPOLL_WAKE_KEY;
+    if (epoll_ctl(fresh, EPOLL_CTL_ADD, ep->wakefd, &ev) < 0)
+        goto fail;
+    for (i = 0; i < count; i++) {
+        int fd = (int)items[i].socket;
+        if (items[i].socket > 0x7fffffff) {
+            items[i].result = EBADF;
+            continue;
+        }
+        ev.events = epoll__interest(items[i].events, items[i].trigger);
+        ev.data.u64 = items[i].key;
+        /* A modify on the old instance finds an item only if the number
+           still names the file that was registered under it: a closed or
+           reused number must not carry the registration over. */
+        if (epoll__ctl(port, EPOLL_CTL_MOD, fd, &ev) != 0) {
+            items[i].result = (uint32_t)errno;
+            continue;
+        }
+        SN_COUNT(port, SN_COUNT_CHANGES);
+        items[i].result = epoll_ctl(fresh, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : (uint32_t)errno;
+    }
+    if (dup3(fresh, ep->epfd, O_CLOEXEC) < 0)
+        goto fail;
+    close(fresh);
+    /* Waiters blocked in the old instance: the eventfd is in both. */
+    epoll__wake(port, ep);
+    return 0;
+fail:
+    err = errno;
+    close(fresh);
+    return err;
+}
+
 const sn_backend_ops_t sn_epoll_ops = {
     "epoll",
     SN_BACKEND_EPOLL,
     SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE,
-    SN_CAP_CHANGES_AT_ONCE,
+    SN_CAP_CHANGES_AT_ONCE | SN_CAP_LAZY_REARM,
     epoll__available,
     epoll__open,
     epoll__process,
@@ -395,6 +464,8 @@ const sn_backend_ops_t sn_epoll_ops = {
     epoll__os_handle,
     epoll__check,
     NULL,
+    epoll__disarm,
+    epoll__rebuild,
 };
 
 #endif /* __linux__ */

@@ -373,6 +373,8 @@ const sn_backend_ops_t sn_psn_ops = {
     iocp__os_handle,
     iocp__check,
     NULL,
+    NULL,
+    NULL,
 };
 
 const sn_backend_ops_t sn_afd_ops = {
@@ -389,6 +391,8 @@ const sn_backend_ops_t sn_afd_ops = {
     iocp__os_handle,
     iocp__check,
     iocp__add_afd_counters,
+    NULL,
+    NULL,
 };
 
 #endif /* _WIN32 */
