@@ -78,6 +78,10 @@
 typedef struct epoll_port {
     int epfd;
     int wakefd;
+    /* Held while changes are applied and while the interest set is
+       rebuilt: a change made on the old instance after the rebuild copied
+       it would be lost with it. Not taken by a wait without changes. */
+    sn_mutex_t ctl_lock;
     sn_mutex_t queue_lock;      /* guards the queue */
     sn_kevent_t *queue;         /* ring buffer of REMOVE and posted events */
     uint32_t queue_head;
@@ -180,6 +184,7 @@ static int epoll__open(sn_port_t *port) {
     if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, ep->wakefd, &ev) < 0)
         goto err3;
     sn_mutex_init(&ep->queue_lock);
+    sn_mutex_init(&ep->ctl_lock);
     port->impl = ep;
     return 0;
 
@@ -300,11 +305,15 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
 
     *received = 0;
     *dropped = 0;
-    for (i = 0; i < count; i++) {
-        if (regs[i].op == SN_OP_NONE)
-            continue;
-        regs[i].result = epoll__apply(port, &regs[i]);
-        failed |= regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+    if (count != 0) {
+        sn_mutex_lock(&ep->ctl_lock);
+        for (i = 0; i < count; i++) {
+            if (regs[i].op == SN_OP_NONE)
+                continue;
+            regs[i].result = epoll__apply(port, &regs[i]);
+            failed |= regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+        }
+        sn_mutex_unlock(&ep->ctl_lock);
     }
     if (max_events == 0)
         return 0;    /* registrations only */
@@ -375,8 +384,10 @@ static void epoll__close(sn_port_t *port, int inherited) {
     close(ep->epfd);
     /* In a forked child the queue lock may have been copied held by a
        parent thread: leave it alone. */
-    if (!inherited)
+    if (!inherited) {
         sn_mutex_destroy(&ep->queue_lock);
+        sn_mutex_destroy(&ep->ctl_lock);
+    }
     free(ep->queue);
     free(ep);
     port->impl = NULL;
@@ -415,6 +426,7 @@ static int epoll__rebuild(sn_port_t *port, sn_registration_t *items, uint32_t co
     fresh = epoll_create1(EPOLL_CLOEXEC);
     if (fresh < 0)
         return errno;
+    sn_mutex_lock(&ep->ctl_lock);
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN;
     ev.data.u64 = SN_EPOLL_WAKE_KEY;
@@ -440,12 +452,14 @@ static int epoll__rebuild(sn_port_t *port, sn_registration_t *items, uint32_t co
     }
     if (dup3(fresh, ep->epfd, O_CLOEXEC) < 0)
         goto fail;
+    sn_mutex_unlock(&ep->ctl_lock);
     close(fresh);
     /* Waiters blocked in the old instance: the eventfd is in both. */
     epoll__wake(port, ep);
     return 0;
 fail:
     err = errno;
+    sn_mutex_unlock(&ep->ctl_lock);
     close(fresh);
     return err;
 }

@@ -684,12 +684,16 @@ static int sn__park(sn_port_t *port, uint32_t slot, sn_record_t *record) {
                              SN_KERNEL_KEY(slot, record->generation)) != 0;
 }
 
-/* Rebuild the kernel's interest set from the table (lock held): every live
-   record the kernel holds, as the kernel holds it; an orphaned item, which
-   no record names, goes with the old set. A record whose descriptor no
-   longer names its file (closed, or reused by another file) fails the
-   backend's check and stays out: the kernel had nothing reachable for it
-   either, and its owner's next change meets the same error as before. */
+/* Rebuild the kernel's interest set from the table (lock held): every
+   record, as the kernel holds it; an orphaned item, which no record names,
+   goes with the old set. The backend copies an item only if the old set
+   has one under the record's descriptor that still names the registered
+   file: so a record whose descriptor was closed (or reused by another
+   file) stays out, as unreachable as it was, and its owner's next change
+   meets the same error as before; and a record whose ENABLE is on its way
+   to the kernel in another thread (applied, not yet settled) is copied if
+   it landed in the old set, or lands in the new one (the backend
+   serialises changes with the rebuild). */
 static void sn__rebuild(sn_port_t *port) {
     sn_registration_t *items;
     uint32_t *slots;
@@ -703,7 +707,7 @@ static void sn__rebuild(sn_port_t *port) {
     for (slot = 0; slot < port->records_cap && n < port->live_count; slot++) {
         sn_record_t *record = &port->records[slot];
         sn_registration_t *item = &items[n];
-        if (record->state == SN_RECORD_FREE || !record->in_kernel)
+        if (record->state == SN_RECORD_FREE)
             continue;
         item->socket = record->socket;
         item->key = SN_KERNEL_KEY(slot, record->generation);
@@ -711,7 +715,10 @@ static void sn__rebuild(sn_port_t *port) {
         item->result = 0;
         item->events = record->events;
         item->trigger = record->trigger;
-        if (record->kmode == SN_KMODE_LAZY) {
+        if (!record->in_kernel) {
+            /* Only an ENABLE in flight can have put it there. */
+            item->trigger = sn__kernel_trigger(port, record->trigger);
+        } else if (record->kmode == SN_KMODE_LAZY) {
             item->trigger = SN_TRIGGER_LEVEL | SN_TRIGGER_PERSISTENT;
         } else if (record->kmode == SN_KMODE_PARKED ||
                    ((record->trigger & SN_TRIGGER_ONESHOT) && record->delivered)) {
@@ -725,8 +732,9 @@ static void sn__rebuild(sn_port_t *port) {
     if (port->ops->rebuild(port, items, n) != 0)
         goto out;
     for (i = 0; i < n; i++) {
-        if (items[i].result != 0)
-            port->records[slots[i]].kmode = SN_KMODE_PARKED;
+        sn_record_t *record = &port->records[slots[i]];
+        if (items[i].result != 0 && record->in_kernel)
+            record->kmode = SN_KMODE_PARKED;   /* its re-arm must ask the kernel */
     }
 out:
     free(items);

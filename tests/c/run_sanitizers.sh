@@ -23,7 +23,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
 # and selects must show no data race.
 gcc -g -O1 -fno-omit-frame-pointer -fsanitize=thread -Wall -Wextra -Werror -I"$core" \
     "$here/test_core_posix.c" "${core_sources[@]}" -lpthread -o "$out/test_core_posix_tsan"
-TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "$out/test_core_posix_tsan"
+TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tsan.supp" "$out/test_core_posix_tsan"
 
 # Python tests against an ASan build of the extension, built out of tree.
 build="$out/pkg"
