@@ -15,6 +15,7 @@
 #include "sn_afd_group.h"
 #include "sn_keys.h"
 
+#include <assert.h>
 #include <stdlib.h>
 
 /* The helper device. Any name under \Device\Afd opens an AFD endpoint that

@@ -40,6 +40,7 @@
 #include "sn_afd_sock.h"
 #include "sn_afd_ws.h"
 
+#include <assert.h>
 #include <stdlib.h>
 
 /* ------------------------------------------------------------- transitions */

@@ -14,6 +14,7 @@
 
 #include "sn_afd_table.h"
 
+#include <assert.h>
 #include <stdlib.h>
 
 static uint32_t afd__hash(const afd_table_t *table, SOCKET socket) {
