@@ -20,8 +20,13 @@ CORE = os.path.join(HERE, "_core")
 HEADER = os.path.join(CORE, "socknotify.h")
 
 # One C file per concern; each backend file compiles to nothing on the
-# operating systems it does not serve (#ifdef guards inside).
-SOURCES = ["sn_port.c", "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c", "sn_afd.c"]
+# operating systems it does not serve (#ifdef guards inside). The AFD
+# polyfill is sn_afd.c (its entry point) and the sn_afd_*.c it is split into.
+SOURCES = [
+    "sn_port.c", "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c",
+    "sn_afd.c", "sn_afd_sock.c", "sn_afd_port.c", "sn_afd_table.c", "sn_afd_group.c",
+    "sn_afd_ws.c", "sn_afd_nt.c",
+]
 
 
 def read_cdef(path: str = HEADER) -> str:

@@ -1,5 +1,5 @@
 /*
- * sn_win.h -- what sn_iocp.c (the port code) and sn_afd.c (the polyfill)
+ * sn_win.h -- what sn_iocp.c (the port code) and sn_afd*.c (the polyfill)
  * share on Windows. cffi never sees this file.
  *
  * ProcessSocketNotifications and its types are missing from mingw-w64 10's
@@ -73,7 +73,8 @@ typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(
    table of them. */
 #include "sn_keys.h"
 
-/* The polyfill: ProcessSocketNotifications on IOCTL_AFD_POLL (sn_afd.c).
+/* The polyfill: ProcessSocketNotifications on IOCTL_AFD_POLL (sn_afd.c;
+   the three port functions after it are in sn_afd_port.c).
    Same arguments, same return values (ERROR_SUCCESS, WAIT_TIMEOUT, or an
    error for the whole call), same per-registration results. */
 DWORD WINAPI sn_afd_process_socket_notifications(

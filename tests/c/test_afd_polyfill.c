@@ -22,6 +22,12 @@
 #include "sn_internal.h"
 #include "sn_win.h"
 
+/* The polyfill asserts its poll-state transitions (sn_afd_sock.c); this
+   test is where a wrong one must abort, so it is built with them on. */
+#ifdef NDEBUG
+#  error "build the AFD polyfill test without NDEBUG: its asserts are part of the test"
+#endif
+
 static int failures;
 static int checks;
 

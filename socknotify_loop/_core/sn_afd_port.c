@@ -1,0 +1,161 @@
+/*
+ * sn_afd_port.c -- the AFD polyfill's per-port state over its life: the
+ * registry that finds it from the completion port's HANDLE, its creation
+ * at first use, its statistics and counters, and its release when the
+ * port closes.
+ *
+ * Why a registry: ProcessSocketNotifications takes nothing but the port's
+ * HANDLE, and the polyfill has the same signature, so its state for a port
+ * must be found from the handle alone. Few ports exist in a process, so a
+ * list under one lock is plenty.
+ *
+ * Why closing is delicate: the kernel writes into a socket's state until
+ * that state's poll completes (sn_afd_sock.c), so the port's memory can
+ * only go once every poll has come back; a poll that never does makes the
+ * memory leak, on purpose.
+ */
+#ifdef _WIN32
+
+#include "sn_afd_port.h"
+#include "sn_afd_group.h"
+#include "sn_afd_nt.h"
+#include "sn_afd_sock.h"
+
+#include <stdlib.h>
+
+static SRWLOCK afd__registry_lock = SRWLOCK_INIT;
+static sn_list_t afd__registry = SN_LIST_HEAD_INIT(afd__registry);
+
+/* The port's state, or NULL. Registry lock held. */
+static afd_port_t *afd__port_find(HANDLE iocp) {
+    sn_list_t *node;
+    for (node = sn_list_first(&afd__registry); node != NULL;
+         node = sn_list_next(&afd__registry, node)) {
+        afd_port_t *ap = SN_CONTAINER_OF(node, afd_port_t, registry_link);
+        if (ap->iocp == iocp)
+            return ap;
+    }
+    return NULL;
+}
+
+DWORD sn_afd_port_get(HANDLE iocp, afd_port_t **out) {
+    afd_port_t *ap;
+    DWORD error;
+
+    if ((error = sn_afd_nt_init()) != 0)
+        return error;
+    AcquireSRWLockExclusive(&afd__registry_lock);
+    ap = afd__port_find(iocp);
+    if (ap == NULL) {
+        ap = calloc(1, sizeof *ap);
+        if (ap != NULL) {
+            ap->iocp = iocp;
+            InitializeSRWLock(&ap->lock);
+            sn_list_init(&ap->groups);
+            sn_list_init(&ap->updates);
+            sn_list_push_front(&afd__registry, &ap->registry_link);
+        }
+    }
+    ReleaseSRWLockExclusive(&afd__registry_lock);
+    if (ap == NULL)
+        return ERROR_NOT_ENOUGH_MEMORY;
+    *out = ap;
+    return 0;
+}
+
+/* Take the port's state out of the registry: no caller finds it again. */
+static afd_port_t *afd__port_take(HANDLE iocp) {
+    afd_port_t *ap;
+    AcquireSRWLockExclusive(&afd__registry_lock);
+    ap = afd__port_find(iocp);
+    if (ap != NULL)
+        sn_list_remove(&ap->registry_link);
+    ReleaseSRWLockExclusive(&afd__registry_lock);
+    return ap;
+}
+
+/* Dequeue until every poll of ours has come back or `ms` have passed.
+   Everything else dequeued is dropped: the port is closing. */
+static void afd__drain(afd_port_t *ap, DWORD ms) {
+    ULONGLONG deadline = GetTickCount64() + ms;
+    OVERLAPPED_ENTRY entries[64];
+
+    while (ap->polls_in_flight > 0) {
+        ULONGLONG now = GetTickCount64();
+        ULONG got = 0, i;
+        if (now >= deadline)
+            return;
+        AFD_COUNT(ap, SN_COUNT_AFD_DEQUEUES);
+        if (!GetQueuedCompletionStatusEx(ap->iocp, entries, 64, &got,
+                                         (DWORD)(deadline - now), FALSE))
+            return;
+        for (i = 0; i < got; i++) {
+            OVERLAPPED_ENTRY scratch;
+            if (entries[i].lpCompletionKey == SN_AFD_COMPLETION_KEY)
+                sn_afd_sock_feed(ap, AFD_SOCK_OF_OVERLAPPED(entries[i].lpOverlapped),
+                                 &scratch);
+        }
+    }
+}
+
+void sn_afd_port_closed(HANDLE iocp) {
+    afd_port_t *ap = afd__port_take(iocp);
+    afd_table_entry_t *entry;
+    uint32_t bucket = 0;
+
+    if (ap == NULL)
+        return;
+    AcquireSRWLockExclusive(&ap->lock);
+    /* Every live state is orphaned: freed now if idle, else cancelled and
+       freed when its completion is drained below. States already REMOVING
+       or ORPHAN are reachable only through their pending completions.
+       (Detaching takes the state out of the table, so the walk moves on.) */
+    while ((entry = sn_afd_table_next(&ap->table, &bucket)) != NULL)
+        sn_afd_sock_detach(ap, SN_CONTAINER_OF(entry, afd_sock_t, entry), AFD_FATE_ORPHAN);
+    /* Cancellation of an AFD poll completes promptly; a few seconds is
+       a generous bound for a kernel under load. */
+    afd__drain(ap, 5000);
+    /* Closing a helper cancels whatever it still carries; drain again. */
+    sn_afd_group_close_helpers(&ap->groups);
+    afd__drain(ap, 1000);
+    ReleaseSRWLockExclusive(&ap->lock);
+    if (ap->polls_in_flight > 0) {
+        /* Some poll never came back. The kernel may still write into its
+           state: leaking it (and the groups those states point at) is the
+           only safe choice. */
+        return;
+    }
+    sn_afd_group_free_all(&ap->groups);
+    sn_afd_table_free(&ap->table);
+    free(ap);
+}
+
+void sn_afd_counters(HANDLE iocp, uint64_t *counters) {
+    afd_port_t *ap;
+    int i;
+    AcquireSRWLockExclusive(&afd__registry_lock);
+    ap = afd__port_find(iocp);
+    if (ap != NULL) {
+        for (i = SN_COUNT_AFD_POLLS; i <= SN_COUNT_AFD_POSTS; i++)
+            counters[i] += sn_atomic_load64(&ap->counters[i]);
+    }
+    ReleaseSRWLockExclusive(&afd__registry_lock);
+}
+
+DWORD sn_afd_statistics(HANDLE iocp, UINT32 *registered, UINT32 *polls_in_flight) {
+    afd_port_t *ap;
+    DWORD error = ERROR_NOT_FOUND;
+    AcquireSRWLockExclusive(&afd__registry_lock);
+    ap = afd__port_find(iocp);
+    if (ap != NULL) {
+        AcquireSRWLockExclusive(&ap->lock);
+        *registered = ap->table.count;
+        *polls_in_flight = ap->polls_in_flight;
+        ReleaseSRWLockExclusive(&ap->lock);
+        error = 0;
+    }
+    ReleaseSRWLockExclusive(&afd__registry_lock);
+    return error;
+}
+
+#endif /* _WIN32 */

@@ -1,0 +1,84 @@
+/*
+ * sn_afd_sock.h -- one registered socket of the AFD polyfill and the state
+ * machine of its poll (sn_afd_sock.c). Internal to the polyfill's files
+ * (sn_afd*.c); cffi never sees it.
+ */
+#ifndef SN_AFD_SOCK_H
+#define SN_AFD_SOCK_H
+
+#ifdef _WIN32
+
+#include "sn_afd_nt.h"
+#include "sn_afd_group.h"
+#include "sn_afd_port.h"
+#include "sn_afd_table.h"
+#include "sn_list.h"
+
+/* Where the one poll of a socket stands. */
+enum {
+    AFD_POLL_IDLE = 0,     /* none in flight: we own iosb and poll_info */
+    AFD_POLL_PENDING,      /* in flight: the kernel owns them */
+    AFD_POLL_CANCELLED,    /* cancel requested: the kernel still owns them */
+};
+
+/* What becomes of a socket's state when its poll comes back. */
+enum {
+    AFD_FATE_LIVE = 0,     /* registered: turn the completion into events */
+    AFD_FATE_REMOVING,     /* OP_REMOVE accepted: emit REMOVE, then free */
+    AFD_FATE_ORPHAN,       /* socket gone or replaced: free silently */
+};
+
+typedef struct afd_sock {
+    /* Kernel-owned while poll_status != AFD_POLL_IDLE. The address of iosb
+       is the ApcContext of the poll, so it comes back as lpOverlapped. */
+    afd_iosb_t iosb;
+    afd_poll_info_t poll_info;
+
+    afd_table_entry_t entry;  /* entry.socket: the caller's socket, the
+                                 table key; in the table while LIVE */
+    SOCKET base;            /* what AFD polls */
+    SOCKET poll_base;       /* the base the poll in flight was issued for */
+    ULONG_PTR key;          /* the registration's completion key */
+    ULONG poll_events;      /* AFD_POLL_* of the poll in flight */
+    afd_group_t *group;
+    uint16_t filter;        /* SOCK_NOTIFY_REGISTER_EVENT_* */
+    uint8_t oneshot;
+    uint8_t armed;          /* enabled and not disarmed by a one-shot delivery */
+    uint8_t poll_status;    /* AFD_POLL_*; changed by sn_afd_sock.c only */
+    uint8_t fate;           /* AFD_FATE_*; changed by sn_afd_sock.c only */
+    uint8_t enabled_since_submit;
+    sn_list_t update_link;  /* on the port's update list (linked = queued) */
+} afd_sock_t;
+
+/* The state a completion packet of ours (key SN_AFD_COMPLETION_KEY) is
+   about: its lpOverlapped is the address of the state's iosb. */
+#define AFD_SOCK_OF_OVERLAPPED(ov) \
+    CONTAINING_RECORD((afd_iosb_t *)(ov), afd_sock_t, iosb)
+
+/* Everything below: the port's lock held. */
+
+/* The live state of `socket`, or NULL. */
+afd_sock_t *sn_afd_sock_find(afd_port_t *ap, SOCKET socket);
+
+/* A new live state for `socket` (polled through `base`), in the table,
+   with a helper group, unarmed, no poll. 0 or an error. */
+DWORD sn_afd_sock_new(afd_port_t *ap, SOCKET socket, SOCKET base, afd_sock_t **out);
+
+/* Put a live state on the update list: its poll is made to match what it
+   wants at the next sn_afd_flush. */
+void sn_afd_sock_queue(afd_port_t *ap, afd_sock_t *sock);
+
+/* The registration ends (fate AFD_FATE_REMOVING or AFD_FATE_ORPHAN): the
+   state leaves the table for good, and is freed now if no poll is in
+   flight, otherwise when the poll's completion is fed back. */
+void sn_afd_sock_detach(afd_port_t *ap, afd_sock_t *sock, uint8_t fate);
+
+/* Submit, keep or cancel the polls of every queued state. */
+void sn_afd_flush(afd_port_t *ap);
+
+/* A poll of ours completed: turn it into at most one notification entry.
+   Returns 1 when *out was written. May free the state. */
+int sn_afd_sock_feed(afd_port_t *ap, afd_sock_t *sock, OVERLAPPED_ENTRY *out);
+
+#endif /* _WIN32 */
+#endif /* SN_AFD_SOCK_H */
