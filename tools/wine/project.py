@@ -13,11 +13,6 @@ import re
 
 from .config import PACKAGE, ROOT
 
-try:
-    import tomllib
-except ImportError:  # Python < 3.11: tomli, which `build` depends on there
-    import tomli as tomllib  # type: ignore[no-redef]
-
 
 def package_version() -> str:
     """``__version__`` of socknotify_loop/_version.py."""
@@ -33,6 +28,10 @@ def package_version() -> str:
 
 def project_name() -> str:
     """``[project] name`` of pyproject.toml."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11: tomli, which `build` depends on there
+        import tomli as tomllib  # type: ignore[no-redef]
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         return tomllib.load(f)["project"]["name"]
 
