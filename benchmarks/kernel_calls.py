@@ -91,3 +91,55 @@ def count(platform: Platform, loops: list[str], counts: tuple, progress: Progres
                                                                  "kernel_calls", "wall")}
         cases.setdefault(record["case"], {})[record["loop"]] = derive(result)
     return answer
+
+
+def main(argv=None) -> int:
+    """``python benchmarks/kernel_calls.py``: the counts alone, on this
+    machine (Linux, or Windows natively), printed as JSON; run.py takes
+    them with every other figure (``--cases kernel_calls``)."""
+    import argparse
+    import json
+    import sys
+
+    from loops import LINUX_LOOPS, WINDOWS_LOOPS
+    from platforms import ensure_inplace_build, linux_platform, windows_platform
+
+    windows = sys.platform == "win32"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loops", default="",
+                        help="comma-separated subset of: "
+                             + ", ".join(WINDOWS_LOOPS if windows else LINUX_LOOPS))
+    parser.add_argument("--counts", default="200,1200",
+                        help="the two round-trip counts subtracted (default 200,1200)")
+    parser.add_argument("--cpu", type=int, default=0, help="the CPU to pin to (default 0)")
+    parser.add_argument("--installed", action="store_true",
+                        help="count the installed socknotify_loop, not the source tree")
+    options = parser.parse_args(argv)
+    low, high = (int(n) for n in options.counts.split(","))
+    if not 0 < low < high:
+        parser.error("--counts needs two round-trip counts, the first smaller")
+    loops = [n for n in options.loops.split(",") if n] or (
+        WINDOWS_LOOPS if windows else LINUX_LOOPS)
+    unknown = sorted(set(loops) - set(WINDOWS_LOOPS + LINUX_LOOPS))
+    if unknown:
+        parser.error(f"unknown loops: {', '.join(unknown)}")
+
+    def log(message: str) -> None:
+        sys.stderr.write(f"[kernel_calls] {message}\n")
+
+    if not options.installed and any(name in OURS for name in loops):
+        ensure_inplace_build(log)
+    make = windows_platform if windows else linux_platform
+    platform = make(options.cpu, options.installed)
+    progress = Progress(len(pairs(loops)))
+    answer = count(platform, loops, (low, high), progress)
+    print(json.dumps(answer, indent=1, sort_keys=True))
+    failed = [f"{case} {loop}" for case, per in answer["cases"].items()
+              for loop, result in per.items() if "error" in result]
+    for what in failed:
+        log(f"failed: {what}")
+    return 1 if failed or not answer["cases"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
