@@ -35,20 +35,20 @@ IMG = os.path.join(ROOT, "docs", "img")
 
 CASES_TEXT = [
     ("Client and server run in the one process, on the loop under test, over TCP (UDP for "
-    "the datagram case) on 127.0.0.1. A rate is counted over a measured window after a "
-    "warm-up (the clock starts once every client is connected)."),
+     "the datagram case) on 127.0.0.1. A rate is counted over a measured window after a "
+     "warm-up (the clock starts once every client is connected)."),
     "",
     ("- **ping-pong** (streams, raw Protocol, sock_sendall/sock_recv): one connection, the "
-    "client sends 100 bytes and waits for the 100-byte echo; round trips per second."),
+     "client sends 100 bytes and waits for the 100-byte echo; round trips per second."),
     "- **50 connections**: 50 stream ping-pongs at once; their round trips added up.",
     "- **1 MiB messages**: stream echo of 1 MiB messages; MiB echoed per second.",
     "- **UDP**: 100-byte datagram ping-pong (a lost datagram is resent after 50 ms).",
     "- **churn**: connect, one 100-byte exchange, close (server closes first); per second.",
     ("- **idle N**: stream ping-pong on one connection while N other connected sockets are "
-    "registered with the loop, each with a stream reader waiting (their peers stay open, "
-    "unregistered). WindowsSelectorEventLoop's failure past 512 sockets is a result."),
+     "registered with the loop, each with a stream reader waiting (their peers stay open, "
+     "unregistered). WindowsSelectorEventLoop's failure past 512 sockets is a result."),
     ("- **memory**: 5000 connected sockets registered (streams + a waiting reader task, or "
-    "`add_reader` alone), in a fresh process; the growth divided by 5000."),
+     "`add_reader` alone), in a fresh process; the growth divided by 5000."),
     "- trio runs the cases it can express (no Protocol, sock_* or add_reader); '-' elsewhere.",
 ]
 WINE_AFD_COST = (
@@ -274,22 +274,22 @@ def kernel_call_table(section: dict) -> list[str]:
 
 KERNEL_CALLS_TEXT = [
     ("Counted by the port itself (`Port.counters()`), not timed: a worker runs exactly N1 "
-    "and then N2 round trips on fresh loops and the difference is divided by N2 - N1, so "
-    "start-up cancels out. An iteration is one call of the loop's `_run_once` (counted for "
-    "asyncio's loops too; uvloop, winloop and trio have none). `waits` are epoll_wait on "
-    "`epoll` and calls of the ProcessSocketNotifications function on `psn` (the OS's) and "
-    "`afd` (the IOCTL_AFD_POLL polyfill that stands in for it): so under Wine the afd row's "
-    "waits are exactly the calls the psn port code makes to the OS on Windows 11, and its "
-    "NT calls (NtDeviceIoControlFile IOCTL_AFD_POLL, GetQueuedCompletionStatusEx, "
-    "NtCancelIoFileEx, PostQueuedCompletionStatus) are what the polyfill costs on Windows "
-    "10. The goal: one ProcessSocketNotifications-function call per iteration, and on afd "
-    "no more NT calls per iteration than the polls it must resubmit (one IOCTL_AFD_POLL "
-    "per socket re-armed) plus one dequeue. An iteration that has callbacks ready still "
-    "makes its call, with a zero timeout. \"Changes submitted\" are the registration "
-    "changes the selector queued for that call (add_reader, remove_reader, ...); the "
-    "re-arms of one-shot registrations are added by the C core inside the same call, and "
-    "on afd each one that needs a new poll is an IOCTL_AFD_POLL. These counts leave out "
-    "the loop's own send/recv."),
+     "and then N2 round trips on fresh loops and the difference is divided by N2 - N1, so "
+     "start-up cancels out. An iteration is one call of the loop's `_run_once` (counted for "
+     "asyncio's loops too; uvloop, winloop and trio have none). `waits` are epoll_wait on "
+     "`epoll` and calls of the ProcessSocketNotifications function on `psn` (the OS's) and "
+     "`afd` (the IOCTL_AFD_POLL polyfill that stands in for it): so under Wine the afd row's "
+     "waits are exactly the calls the psn port code makes to the OS on Windows 11, and its "
+     "NT calls (NtDeviceIoControlFile IOCTL_AFD_POLL, GetQueuedCompletionStatusEx, "
+     "NtCancelIoFileEx, PostQueuedCompletionStatus) are what the polyfill costs on Windows "
+     "10. The goal: one ProcessSocketNotifications-function call per iteration, and on afd "
+     "no more NT calls per iteration than the polls it must resubmit (one IOCTL_AFD_POLL "
+     "per socket re-armed) plus one dequeue. An iteration that has callbacks ready still "
+     "makes its call, with a zero timeout. \"Changes submitted\" are the registration "
+     "changes the selector queued for that call (add_reader, remove_reader, ...); the "
+     "re-arms of one-shot registrations are added by the C core inside the same call, and "
+     "on afd each one that needs a new poll is an IOCTL_AFD_POLL. These counts leave out "
+     "the loop's own send/recv."),
 ]
 WINE_CALLS_BEFORE = (
     "For comparison, counted under Wine 8 before the port counted its own calls "
@@ -431,7 +431,7 @@ def write(results: dict, results_path: str) -> str:
           for r in rows],
         "",
         ("Timing targets under Wine rank the loops inside Wine only (see above); the "
-        "kernel-call targets are counts, and mean the same on every platform."),
+         "kernel-call targets are counts, and mean the same on every platform."),
         "",
     ]
     out += ["## Cases", "", *CASES_TEXT, ""]
