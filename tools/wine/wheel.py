@@ -52,8 +52,14 @@ def prepare_dist_info(outdir: str) -> str:
         raise SystemExit("the wheel's metadata comes from the project's build backend, "
                          "through the 'build' package: pip install build") from None
     builder = build.ProjectBuilder(ROOT)
-    if not any(build.check_dependency(req) for req in builder.build_system_requires):
+    # check_dependency yields the unmet requirement chains of one requirement;
+    # the backend's own requirements can be asked only once it is installed.
+    unmet = [chain for req in builder.build_system_requires
+             for chain in build.check_dependency(req)]
+    if not unmet and not builder.check_dependencies("wheel"):
+        log("metadata: the build backend, run in this Python")
         return builder.metadata_path(outdir)
+    log("metadata: the build backend, run in an isolated environment")
     with build.env.DefaultIsolatedEnv() as env:
         builder = build.ProjectBuilder.from_isolated_env(env, ROOT)
         env.install(builder.build_system_requires)
