@@ -27,8 +27,6 @@ uvloop, winloop and trio have no such method and are left out.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
-
 from loops import CONTROLS, OURS
 from runner import Platform, Progress, run_worker
 
@@ -36,11 +34,9 @@ CASES = ["pingpong_streams", "pingpong_protocol", "pingpong_sock"]
 #: loops whose iterations are a Python _run_once the worker can count
 COUNTABLE = {"asyncio", "proactor", "winselector", *OURS}
 AFD_NT_CALLS = ("afd_polls", "afd_dequeues", "afd_cancels", "afd_posts")
-#: "exactly one" allows for the odd iteration the two runs do not share
-TOLERANCE = 0.01
 
 
-def pairs(loops: List[str]) -> List[tuple]:
+def pairs(loops: list[str]) -> list[tuple]:
     """(case, loop) in the order they run."""
     return [(case, loop) for case in CASES for loop in loops
             if loop in COUNTABLE and loop not in CONTROLS]
@@ -62,7 +58,7 @@ def derive(result: dict) -> dict:
     return result
 
 
-def count(platform: Platform, loops: List[str], counts: tuple, progress: Progress,
+def count(platform: Platform, loops: list[str], counts: tuple, progress: Progress,
           timeout: float = 600) -> dict:
     """{"counts": [n1, n2], "cases": {case: {loop: result}}} per round trip.
 
@@ -70,7 +66,7 @@ def count(platform: Platform, loops: List[str], counts: tuple, progress: Progres
     process costs seconds of start-up.
     """
     todo = pairs(loops)
-    answer: Dict[str, object] = {"counts": list(counts), "cases": {}}
+    answer: dict[str, object] = {"counts": list(counts), "cases": {}}
     if not todo:
         return answer
     measurements = [{"case": case, "loop": loop, "kernel_calls": list(counts)}
@@ -87,7 +83,7 @@ def count(platform: Platform, loops: List[str], counts: tuple, progress: Progres
     records = run_worker(platform, "kernel-calls",
                          {"measurements": measurements, "cfg": {"timeout": timeout}},
                          timeout=120 + 60 * len(measurements), on_record=show)
-    cases: Dict[str, dict] = answer["cases"]  # type: ignore[assignment]
+    cases: dict[str, dict] = answer["cases"]  # type: ignore[assignment]
     for record in records:
         if "case" not in record:
             continue
@@ -97,44 +93,53 @@ def count(platform: Platform, loops: List[str], counts: tuple, progress: Progres
     return answer
 
 
-def target_rows(data: Optional[dict], platform: str, label) -> List[dict]:
-    """Targets met or not, from the measured figures.
+def main(argv=None) -> int:
+    """``python benchmarks/kernel_calls.py``: the counts alone, on this
+    machine (Linux, or Windows natively), printed as JSON; run.py takes
+    them with every other figure (``--cases kernel_calls``)."""
+    import argparse
+    import json
+    import sys
 
-    - ``psn`` and ``afd``: exactly one call of the ProcessSocketNotifications
-      function (the OS's, or the polyfill) per loop iteration.
-    - ``afd``: the polyfill's NT calls per iteration at most its re-arm
-      polls (IOCTL_AFD_POLL) per iteration plus one dequeue.
-    """
-    rows: List[dict] = []
-    if not data or "cases" not in data:
-        return rows
-    for case in CASES:
-        for loop, result in data["cases"].get(case, {}).items():
-            if loop not in OURS:
-                continue
-            backend = result.get("backend") or loop.partition("-")[2]
-            if "error" in result:
-                if backend in ("psn", "afd", ""):
-                    rows.append({"platform": platform,
-                                 "target": f"{label(loop)}: kernel calls counted, {case}",
-                                 "figure": f"failed: {result['error']}", "met": False})
-                continue
-            if backend not in ("psn", "afd") or "waits_per_iteration" not in result:
-                continue
-            per = result["waits_per_iteration"]
-            rows.append({"platform": platform,
-                         "target": f"{label(loop)}: one ProcessSocketNotifications-function "
-                                   f"call per loop iteration, {case}",
-                         "figure": f"{per:.3f} per iteration ({result['counters']['waits']:.2f} "
-                                   f"per round trip, {result['iterations']:.2f} iterations)",
-                         "met": abs(per - 1.0) <= TOLERANCE})
-            if backend == "afd":
-                nt = result["afd_nt_calls_per_iteration"]
-                bound = result["afd_polls_per_iteration"] + 1.0
-                rows.append({"platform": platform,
-                             "target": f"{label(loop)}: AFD polyfill NT calls per iteration "
-                                       f"<= re-arm polls + 1 dequeue, {case}",
-                             "figure": f"{nt:.2f} vs {bound:.2f} "
-                                       f"({result['afd_polls_per_iteration']:.2f} polls + 1)",
-                             "met": nt <= bound + TOLERANCE})
-    return rows
+    from loops import LINUX_LOOPS, WINDOWS_LOOPS
+    from platforms import ensure_inplace_build, linux_platform, windows_platform
+
+    windows = sys.platform == "win32"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loops", default="",
+                        help="comma-separated subset of: "
+                             + ", ".join(WINDOWS_LOOPS if windows else LINUX_LOOPS))
+    parser.add_argument("--counts", default="200,1200",
+                        help="the two round-trip counts subtracted (default 200,1200)")
+    parser.add_argument("--cpu", type=int, default=0, help="the CPU to pin to (default 0)")
+    parser.add_argument("--installed", action="store_true",
+                        help="count the installed socknotify_loop, not the source tree")
+    options = parser.parse_args(argv)
+    low, high = (int(n) for n in options.counts.split(","))
+    if not 0 < low < high:
+        parser.error("--counts needs two round-trip counts, the first smaller")
+    loops = [n for n in options.loops.split(",") if n] or (
+        WINDOWS_LOOPS if windows else LINUX_LOOPS)
+    unknown = sorted(set(loops) - set(WINDOWS_LOOPS + LINUX_LOOPS))
+    if unknown:
+        parser.error(f"unknown loops: {', '.join(unknown)}")
+
+    def log(message: str) -> None:
+        sys.stderr.write(f"[kernel_calls] {message}\n")
+
+    if not options.installed and any(name in OURS for name in loops):
+        ensure_inplace_build(log)
+    make = windows_platform if windows else linux_platform
+    platform = make(options.cpu, options.installed)
+    progress = Progress(len(pairs(loops)))
+    answer = count(platform, loops, (low, high), progress)
+    print(json.dumps(answer, indent=1, sort_keys=True))
+    failed = [f"{case} {loop}" for case, per in answer["cases"].items()
+              for loop, result in per.items() if "error" in result]
+    for what in failed:
+        log(f"failed: {what}")
+    return 1 if failed or not answer["cases"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,14 +5,13 @@ the standard library is imported at module level; each peer is imported
 when asked for, and a missing one is reported, not fatal.
 
 Names: ``asyncio`` (the platform default), ``asyncio-aa`` (the same loop
-again, the A/A control), ``uvloop``, ``trio`` and ``socknotify`` on Linux; ``proactor``, ``winselector``, ``winloop`` and
-``socknotify-<backend>`` (``afd``, ``psn``) on Windows.
+again, the A/A control), ``uvloop``, ``trio`` and ``socknotify`` on Linux;
+``proactor``, ``winselector``, ``winloop`` and ``socknotify-<backend>``
+(``afd``, ``psn``: ``NotifySelector(backend=...)``) on Windows.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import sys
 
 LINUX_LOOPS = ["asyncio", "asyncio-aa", "uvloop", "trio", "socknotify"]
@@ -22,21 +21,9 @@ WINDOWS_LOOPS = ["proactor", "proactor-aa", "winselector", "winloop", "socknotif
 #: control / reference shows, in every run, how far "equal" strays (noise)
 CONTROLS = {"asyncio-aa": "asyncio", "proactor-aa": "proactor"}
 OURS = ("socknotify", "socknotify-psn", "socknotify-afd")
-
-
-@contextlib.contextmanager
-def _backend(name):
-    """SOCKNOTIFY_BACKEND set while the loop (and so its Port) is created."""
-    old = os.environ.get("SOCKNOTIFY_BACKEND")
-    if name:
-        os.environ["SOCKNOTIFY_BACKEND"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("SOCKNOTIFY_BACKEND", None)
-        else:
-            os.environ["SOCKNOTIFY_BACKEND"] = old
+#: the loops every ratio of a platform's section is taken against
+REFERENCES = {"linux": ["asyncio"], "wine": ["proactor", "winselector"],
+              "windows": ["proactor", "winselector"]}
 
 
 def loop_factory(name: str):
@@ -57,34 +44,20 @@ def loop_factory(name: str):
         return asyncio.SelectorEventLoop      # WindowsSelectorEventLoop on win32
     if name in OURS:
         import socknotify_loop
-        backend = name.partition("-")[2] or None
+        backend = backend_of_name(name)
 
         def make():
-            with _backend(backend):
-                loop = socknotify_loop.new_event_loop()
-            _check_backend(loop, backend)
-            return loop
+            # The backend is asked of the selector by name: the port raises
+            # when it is unavailable, never falls back to another one.
+            return socknotify_loop.Loop(socknotify_loop.NotifySelector(backend=backend))
         return make
     raise ValueError(f"unknown loop {name!r}")
 
 
-def _check_backend(loop, wanted):
-    """Refuse to report figures under a backend other than the one named."""
-    actual = backend_of(loop)
-    if wanted and actual and actual != wanted:
-        loop.close()
-        raise RuntimeError(f"asked for backend {wanted!r}, the loop uses {actual!r}")
-
-
-def backend_of(loop):
-    """Our loop's backend name, found through its selector's port."""
-    selector = getattr(loop, "_selector", None)
-    for attr in ("backend", "_backend"):
-        value = getattr(selector, attr, None)
-        if isinstance(value, str):
-            return value
-    port = getattr(selector, "port", None) or getattr(selector, "_port", None)
-    return getattr(port, "backend", None)
+def backend_of_name(name: str):
+    """The backend a loop name asks for (``socknotify-afd`` -> ``afd``), or
+    None for ``socknotify``: the best one available (epoll on Linux)."""
+    return name.partition("-")[2] or None
 
 
 def describe(name: str) -> dict:
@@ -109,23 +82,16 @@ def describe(name: str) -> dict:
         if name in OURS:
             import socknotify_loop
             from socknotify_loop import port
-            backend = name.partition("-")[2] or None
+            backend = backend_of_name(name)
             if backend:
                 ok, reason = port.available_backends()[backend]
                 if not ok:
                     return {"available": False, "error": reason}
             loop = loop_factory(name)()
-            actual = backend_of(loop)
+            actual = loop.backend
             loop.close()
-            version = getattr(socknotify_loop, "__version__", None)
-            if version is None:
-                try:
-                    from importlib.metadata import version as dist_version
-                    version = dist_version("socknotify_loop")
-                except Exception:
-                    version = "source tree"
-            return {"available": True, "version": version,
+            return {"available": True, "version": socknotify_loop.__version__,
                     "backend": actual or backend or port.backend_info()["backend"]}
-    except Exception as exc:  # a missing peer is a finding, not a crash
+    except Exception as exc:  # noqa: BLE001 (a missing peer is a finding, not a crash)
         return {"available": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"available": False, "error": "unknown loop"}

@@ -4,22 +4,28 @@
 
 Every comparison on the page is a ratio between loops measured in the same
 run on the same platform (runner.py pairs them per round); Wine figures are
-compared with Wine figures only.
+compared with Wine figures only. The targets and whether they are met come
+from targets.py (thresholds: targets.json).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import kernel_calls  # noqa: E402
-from loops import CONTROLS, OURS  # noqa: E402
-from runner import IDLE_SIZES, MEMORY_CASES, TIMED_CASES  # noqa: E402
+import targets
+from loops import CONTROLS, REFERENCES
+from present import (
+    CASE_LABELS,
+    control_band,
+    first_summary,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_stats,
+    inner_band,
+    label,
+)
+from runner import IDLE_SIZES, MEMORY_CASES, ROOT, TIMED_CASES
 
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 #: a run made natively on Windows has its own page: it does not replace the
@@ -27,41 +33,22 @@ DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 DOC_WINDOWS = os.path.join(ROOT, "docs", "benchmarks-windows.md")
 IMG = os.path.join(ROOT, "docs", "img")
 
-LOOP_LABELS = {
-    "asyncio": "asyncio", "asyncio-aa": "asyncio again (A/A)",
-    "proactor-aa": "Proactor again (A/A)", "uvloop": "uvloop", "trio": "trio",
-    "socknotify": "ours (epoll)", "proactor": "Proactor", "winselector": "WinSelector",
-    "winloop": "winloop", "socknotify-afd": "ours (afd)", "socknotify-psn": "ours (psn)",
-}
-CASE_LABELS = {
-    "pingpong_streams": "ping-pong, streams (100 B)",
-    "pingpong_protocol": "ping-pong, raw Protocol (100 B)",
-    "pingpong_sock": "ping-pong, sock_sendall/sock_recv (100 B)",
-    "concurrent_50": "50 connections, streams ping-pong",
-    "large_1mib": "1 MiB messages echoed",
-    "udp_pingpong": "UDP datagram ping-pong (100 B)",
-    "churn": "connection churn (connect, exchange, close)",
-    "memory_streams": "per idle connection, asyncio streams",
-    "memory_add_reader": "per idle socket, add_reader only",
-}
-for _n in IDLE_SIZES:
-    CASE_LABELS[f"idle_{_n}"] = f"1 active connection + {_n} idle"
 CASES_TEXT = [
-    "Client and server run in the one process, on the loop under test, over TCP (UDP for "
-    "the datagram case) on 127.0.0.1. A rate is counted over a measured window after a "
-    "warm-up (the clock starts once every client is connected).",
+    ("Client and server run in the one process, on the loop under test, over TCP (UDP for "
+     "the datagram case) on 127.0.0.1. A rate is counted over a measured window after a "
+     "warm-up (the clock starts once every client is connected)."),
     "",
-    "- **ping-pong** (streams, raw Protocol, sock_sendall/sock_recv): one connection, the "
-    "client sends 100 bytes and waits for the 100-byte echo; round trips per second.",
+    ("- **ping-pong** (streams, raw Protocol, sock_sendall/sock_recv): one connection, the "
+     "client sends 100 bytes and waits for the 100-byte echo; round trips per second."),
     "- **50 connections**: 50 stream ping-pongs at once; their round trips added up.",
     "- **1 MiB messages**: stream echo of 1 MiB messages; MiB echoed per second.",
     "- **UDP**: 100-byte datagram ping-pong (a lost datagram is resent after 50 ms).",
     "- **churn**: connect, one 100-byte exchange, close (server closes first); per second.",
-    "- **idle N**: stream ping-pong on one connection while N other connected sockets are "
-    "registered with the loop, each with a stream reader waiting (their peers stay open, "
-    "unregistered). WindowsSelectorEventLoop's failure past 512 sockets is a result.",
-    "- **memory**: 5000 connected sockets registered (streams + a waiting reader task, or "
-    "`add_reader` alone), in a fresh process; the growth divided by 5000.",
+    ("- **idle N**: stream ping-pong on one connection while N other connected sockets are "
+     "registered with the loop, each with a stream reader waiting (their peers stay open, "
+     "unregistered). WindowsSelectorEventLoop's failure past 512 sockets is a result."),
+    ("- **memory**: 5000 connected sockets registered (streams + a waiting reader task, or "
+     "`add_reader` alone), in a fresh process; the growth divided by 5000."),
     "- trio runs the cases it can express (no Protocol, sock_* or add_reader); '-' elsewhere.",
 ]
 WINE_AFD_COST = (
@@ -81,182 +68,22 @@ WINE_IDLE_NOTE = (
     "any socket signals. Proactor and winloop keep overlapped reads, which Wine queues "
     "per socket. This is a cost of Wine's AFD emulation, so this row says nothing about "
     "idle scaling on real Windows (measure there before drawing a conclusion).")
-REFERENCES = {"linux": ["asyncio"], "wine": ["proactor", "winselector"],
-              "windows": ["proactor", "winselector"]}
-PLATFORM_NAMES = {"linux": "Linux", "wine": "Wine", "windows": "Windows"}
-IDLE_TARGET = 0.8
-# The loop exists to be the fast choice: on Linux, where the loop's Python is
-# the same as on Windows, each ping-pong case must run at least this much
-# faster than asyncio's own loop, and cost at most this share of its
-# user-space instructions per round trip (callgrind).
-PINGPONG_CASES = ("pingpong_streams", "pingpong_protocol", "pingpong_sock", "udp_pingpong")
-PINGPONG_SPEEDUP = 1.10
-INSTRUCTION_SHARE = 0.87
-
-
-def label(name: str) -> str:
-    return LOOP_LABELS.get(name, name)
-
-
-def fmt_rate(value: Optional[float]) -> str:
-    if value is None:
-        return "-"
-    if value >= 10000:
-        return f"{value / 1000:.1f}k"
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.1f}"
-
-
-def fmt_stats(s: Optional[dict], fmt=fmt_rate, suffix="") -> str:
-    if not s:
-        return "-"
-    if s["min"] == s["max"]:
-        return f"{fmt(s['median'])}{suffix}"
-    return f"{fmt(s['median'])}{suffix} ({fmt(s['min'])}-{fmt(s['max'])})"
-
-
-def fmt_ratio(x: float) -> str:
-    return f"{x:.2f}x"
-
-
-def fmt_bytes(x: Optional[float]) -> str:
-    if x is None:
-        return "-"
-    return f"{x / 1024:.1f} KiB" if abs(x) >= 1024 else f"{x:.0f} B"
-
-
-def first_summary(section: dict) -> dict:
-    return next(iter(section.get("summary", {}).values()), {})
-
-
-# -- targets ---------------------------------------------------------------------------
-
-def targets(results: dict) -> List[dict]:
-    """Each project target with its measured figure and whether it is met."""
-    rows = []
-    for name in ("linux", "wine", "windows"):
-        section = results.get(name)
-        if not section:
-            continue
-        platform = PLATFORM_NAMES[name]
-        if name == "windows" and results["meta"].get("wine"):
-            platform = "Windows (inside Wine)"
-        ours_loops = section.get("ours", [])
-        if not ours_loops and any(n in OURS for n in section.get("requested", [])):
-            rows.append({"platform": platform, "target": "our loop measured",
-                         "figure": "our loop was not available", "met": False})
-        control = control_band(section)
-        band = inner_band(control[2]) if control else None
-        for ours in ours_loops:
-            summary = section["summary"][ours]
-            for ref in REFERENCES[name]:
-                for case in TIMED_CASES:
-                    entry = summary.get(case)
-                    if not entry or ref not in entry["ratios"]:
-                        continue
-                    ratio = entry["ratios"][ref]
-                    mine = entry["loops"].get(ours, {})
-                    goal = (PINGPONG_SPEEDUP if name == "linux" and case in PINGPONG_CASES
-                            else 1.0)
-                    target = f"{label(ours)} / {label(ref)} >= {goal:.2f}x, {case}"
-                    if ratio["stats"]:
-                        s = ratio["stats"]
-                        figure = fmt_stats(s, fmt_ratio)
-                        if band and band[0] <= s["median"] < 1.0:
-                            figure += f" (a tie: inside this run's A/A band " \
-                                      f"{band[0]:.2f}x-{band[1]:.2f}x)"
-                        rows.append({"platform": platform, "target": target,
-                                     "figure": figure, "met": s["median"] >= goal})
-                    elif mine.get("error"):
-                        rows.append({"platform": platform, "target": target,
-                                     "figure": f"ours failed: {mine['error']}", "met": False})
-                    elif ratio["peer_failed"]:
-                        rows.append({"platform": platform, "target": target,
-                                     "figure": f"{label(ref)} failed: {ratio['peer_failed']}",
-                                     "met": True})
-            scaling = section.get("idle_scaling", {}).get(ours)
-            if scaling:
-                ok = scaling["ratio"] is not None and scaling["ratio"] >= IDLE_TARGET
-                figure = (f"{scaling['ratio']:.2f}" if scaling["ratio"] is not None
-                          else f"failed: {scaling.get('error')}")
-                rows.append({"platform": platform,
-                             "target": f"{label(ours)}: rate at {IDLE_SIZES[-1]} idle >= "
-                                       f"{IDLE_TARGET} x rate at {IDLE_SIZES[0]} idle",
-                             "figure": figure, "met": ok})
-        counts = section.get("instructions") or {}
-        for case, per_loop in (counts.items() if isinstance(counts, dict) else ()):
-            if not isinstance(per_loop, dict):
-                continue
-            theirs = (per_loop.get("asyncio") or {}).get("per_round_trip")
-            for ours in ours_loops:
-                mine = (per_loop.get(ours) or {}).get("per_round_trip")
-                if mine and theirs:
-                    share = mine / theirs
-                    rows.append({"platform": platform,
-                                 "target": f"{label(ours)} / asyncio user-space instructions "
-                                           f"per round trip <= {INSTRUCTION_SHARE}, {case}",
-                                 "figure": f"{share:.3f} ({mine:,.0f} / {theirs:,.0f})",
-                                 "met": share <= INSTRUCTION_SHARE})
-        rows += kernel_calls.target_rows(section.get("kernel_calls"), platform, label)
-        memory = {r["loop"]: r for r in section.get("memory", []) if r.get("case") == "memory_streams"}
-        if memory:
-            missing = [label(n) for n in section["usable"] if n not in CONTROLS and (
-                n not in memory or ("value" not in memory[n] and "error" not in memory[n]))]
-            rows.append({"platform": platform, "target": "memory per idle connection, each loop",
-                         "figure": "; ".join(f"{label(n)} {fmt_bytes(r.get('value'))}"
-                                             if "value" in r else f"{label(n)} failed"
-                                             for n, r in memory.items()),
-                         "met": not missing})
-    return rows
-
-
-def target_lines(results: dict) -> List[str]:
-    rows = targets(results)
-    lines = [f"{'met' if r['met'] else 'NOT met'}: {r['platform']}: {r['target']}: {r['figure']}"
-             for r in rows]
-    met = sum(r["met"] for r in rows)
-    lines.append(f"targets met: {met}/{len(rows)}")
-    return lines
-
-
 # -- tables ----------------------------------------------------------------------------
 
-def control_band(section: dict):
-    """(control, reference, sorted paired ratios) of this section's A/A control."""
-    control = next((n for n in section.get("usable", []) if n in CONTROLS), None)
-    if control is None:
-        return None
-    reference = CONTROLS[control]
-    summary = first_summary(section)
-    ratios = []
-    for case in TIMED_CASES:
-        cells = summary.get(case, {}).get("loops", {})
-        mine = (cells.get(control) or {}).get("per_round", {})
-        theirs = (cells.get(reference) or {}).get("per_round", {})
-        ratios += [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
-    return (control, reference, sorted(ratios)) if ratios else None
-
-
-def inner_band(ratios):
-    """The band holding the middle 80% of the A/A ratios."""
-    return ratios[len(ratios) // 10], ratios[-1 - len(ratios) // 10]
-
-
-def control_line(section: dict) -> List[str]:
+def control_line(section: dict) -> list[str]:
     """What the A/A control says about noise in this very run."""
     band = control_band(section)
     if not band:
         return []
-    control, reference, ratios = band
+    _control, reference, ratios = band
     low, high = inner_band(ratios)
-    return [f"Noise in this run: the A/A control ({label(reference)} measured again under "
+    return [(f"Noise in this run: the A/A control ({label(reference)} measured again under "
             f"another name, in the same rounds) came out at {ratios[0]:.2f}x-{ratios[-1]:.2f}x "
             f"of {label(reference)} over {len(ratios)} paired figures, 80% of them within "
-            f"{low:.2f}x-{high:.2f}x. A ratio inside that band is a tie.", ""]
+            f"{low:.2f}x-{high:.2f}x. A ratio inside that band is a tie."), ""]
 
 
-def rate_table(section: dict, platform: str) -> List[str]:
+def rate_table(section: dict, platform: str) -> list[str]:
     loops = section["usable"]
     summary = first_summary(section)
     ours_list = section.get("ours", [])
@@ -293,7 +120,7 @@ def rate_table(section: dict, platform: str) -> List[str]:
     return lines
 
 
-def idle_table(section: dict) -> List[str]:
+def idle_table(section: dict) -> list[str]:
     summary = first_summary(section)
     head = ["loop"] + [f"{n} idle" for n in IDLE_SIZES] + [f"{IDLE_SIZES[-1]} / {IDLE_SIZES[0]}"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -313,7 +140,7 @@ def idle_table(section: dict) -> List[str]:
     return lines
 
 
-def memory_table(section: dict) -> List[str]:
+def memory_table(section: dict) -> list[str]:
     by_case = {}
     for record in section.get("memory", []):
         by_case.setdefault(record["case"], {})[record["loop"]] = record
@@ -338,7 +165,7 @@ def memory_table(section: dict) -> List[str]:
     return lines
 
 
-def syscall_table(section: dict) -> List[str]:
+def syscall_table(section: dict) -> list[str]:
     data = section.get("syscalls")
     if not data:
         return []
@@ -372,7 +199,7 @@ def largest_first(calls: dict):
     return sorted(calls.items(), key=lambda kv: -kv[1])
 
 
-def instruction_table(section: dict) -> List[str]:
+def instruction_table(section: dict) -> list[str]:
     data = section.get("instructions")
     if not data:
         return []
@@ -396,11 +223,11 @@ def instruction_table(section: dict) -> List[str]:
     return lines + [""]
 
 
-def fmt_calls(x: Optional[float]) -> str:
+def fmt_calls(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def kernel_call_table(section: dict) -> List[str]:
+def kernel_call_table(section: dict) -> list[str]:
     """Per round trip and per loop iteration, from the port's own counters."""
     data = section.get("kernel_calls")
     if not data or not data.get("cases"):
@@ -446,23 +273,23 @@ def kernel_call_table(section: dict) -> List[str]:
 
 
 KERNEL_CALLS_TEXT = [
-    "Counted by the port itself (`Port.counters()`), not timed: a worker runs exactly N1 "
-    "and then N2 round trips on fresh loops and the difference is divided by N2 - N1, so "
-    "start-up cancels out. An iteration is one call of the loop's `_run_once` (counted for "
-    "asyncio's loops too; uvloop, winloop and trio have none). `waits` are epoll_wait on "
-    "`epoll` and calls of the ProcessSocketNotifications function on `psn` (the OS's) and "
-    "`afd` (the IOCTL_AFD_POLL polyfill that stands in for it): so under Wine the afd row's "
-    "waits are exactly the calls the psn port code makes to the OS on Windows 11, and its "
-    "NT calls (NtDeviceIoControlFile IOCTL_AFD_POLL, GetQueuedCompletionStatusEx, "
-    "NtCancelIoFileEx, PostQueuedCompletionStatus) are what the polyfill costs on Windows "
-    "10. The goal: one ProcessSocketNotifications-function call per iteration, and on afd "
-    "no more NT calls per iteration than the polls it must resubmit (one IOCTL_AFD_POLL "
-    "per socket re-armed) plus one dequeue. An iteration that has callbacks ready still "
-    "makes its call, with a zero timeout. \"Changes submitted\" are the registration "
-    "changes the selector queued for that call (add_reader, remove_reader, ...); the "
-    "re-arms of one-shot registrations are added by the C core inside the same call, and "
-    "on afd each one that needs a new poll is an IOCTL_AFD_POLL. These counts leave out "
-    "the loop's own send/recv.",
+    ("Counted by the port itself (`Port.counters()`), not timed: a worker runs exactly N1 "
+     "and then N2 round trips on fresh loops and the difference is divided by N2 - N1, so "
+     "start-up cancels out. An iteration is one call of the loop's `_run_once` (counted for "
+     "asyncio's loops too; uvloop, winloop and trio have none). `waits` are epoll_wait on "
+     "`epoll` and calls of the ProcessSocketNotifications function on `psn` (the OS's) and "
+     "`afd` (the IOCTL_AFD_POLL polyfill that stands in for it): so under Wine the afd row's "
+     "waits are exactly the calls the psn port code makes to the OS on Windows 11, and its "
+     "NT calls (NtDeviceIoControlFile IOCTL_AFD_POLL, GetQueuedCompletionStatusEx, "
+     "NtCancelIoFileEx, PostQueuedCompletionStatus) are what the polyfill costs on Windows "
+     "10. The goal: one ProcessSocketNotifications-function call per iteration, and on afd "
+     "no more NT calls per iteration than the polls it must resubmit (one IOCTL_AFD_POLL "
+     "per socket re-armed) plus one dequeue. An iteration that has callbacks ready still "
+     "makes its call, with a zero timeout. \"Changes submitted\" are the registration "
+     "changes the selector queued for that call (add_reader, remove_reader, ...); the "
+     "re-arms of one-shot registrations are added by the C core inside the same call, and "
+     "on afd each one that needs a new poll is an IOCTL_AFD_POLL. These counts leave out "
+     "the loop's own send/recv."),
 ]
 WINE_CALLS_BEFORE = (
     "For comparison, counted under Wine 8 before the port counted its own calls "
@@ -484,7 +311,7 @@ def calls_then_and_now(section: dict) -> str:
             f"NtDeviceIoControlFile in Wine), make {r['afd_nt_calls'] + 4:.2f}.")
 
 
-def syscall_differences(data: dict) -> List[str]:
+def syscall_differences(data: dict) -> list[str]:
     """Where ours differs from asyncio's default loop, call by call."""
     lines = []
     for case, per_loop in in_case_order(data):
@@ -500,17 +327,17 @@ def syscall_differences(data: dict) -> List[str]:
                          f"trips: {', '.join(words)}.")
     if lines:
         lines = ["Differences (from the tables above):", ""] + lines + [
-            "", "On Linux every re-arm of a one-shot registration is its own "
+            "", ("On Linux every re-arm of a one-shot registration is its own "
             "`epoll_ctl(EPOLL_CTL_MOD)`: epoll has no call that re-arms and waits at once, so "
             "the batching that ProcessSocketNotifications does (registrations applied inside "
             "the waiting call) saves nothing here; it cannot be counted under Wine, where "
-            "strace sees wineserver traffic, not Windows kernel transitions.", ""]
+            "strace sees wineserver traffic, not Windows kernel transitions."), ""]
     return lines
 
 
 # -- page ------------------------------------------------------------------------------
 
-def machine_lines(results: dict) -> List[str]:
+def machine_lines(results: dict) -> list[str]:
     meta = results["meta"]
     linux = results.get("linux", {})
     wine = results.get("wine", {})
@@ -536,8 +363,8 @@ def machine_lines(results: dict) -> List[str]:
     if windows:
         rows.append(("Windows Python", windows.get("process", {}).get("python", meta["python"])))
         if meta.get("wine"):
-            rows.append(("run inside Wine", f"yes, {meta['wine']}: these are not Windows "
-                                            "figures"))
+            rows.append(("run inside Wine", (f"yes, {meta['wine']}: these are not Windows "
+                                            "figures")))
         rows.append(("Windows placement", windows.get("placement", "?")))
     else:
         rows.append(("Linux Python", linux.get("process", {}).get("python", meta["python"])))
@@ -545,9 +372,9 @@ def machine_lines(results: dict) -> List[str]:
         placement = wine.get("placement", {})
         rows += [("Wine", wine.get("wine_version", "?")),
                  ("Windows Python (under Wine)", wine.get("process", {}).get("python", "?")),
-                 ("Wine placement", f"{placement.get('taskset')}; observed affinity "
+                 ("Wine placement", (f"{placement.get('taskset')}; observed affinity "
                   f"{placement.get('observed')}; same in every process: "
-                  f"{placement.get('consistent')}")]
+                  f"{placement.get('consistent')}"))]
     if linux:
         rows.append(("Linux placement", linux.get("placement", "?")))
     rows += [(f"{label(name)}", v) for name, v in versions.items()]
@@ -559,11 +386,11 @@ def machine_lines(results: dict) -> List[str]:
     if windows:
         rows.append(("settings", f"Windows {o['rounds']} rounds; {per_figure}"))
     else:
-        rows.append(("settings", f"Linux {o['rounds']} rounds, Wine {o['wine_rounds']} "
+        rows.append(("settings", (f"Linux {o['rounds']} rounds, Wine {o['wine_rounds']} "
                                  f"rounds; {per_figure}; strace at {o['strace_counts'][0]} "
                                  f"and {o['strace_counts'][1]} round trips, callgrind at "
                                  f"{o.get('callgrind_counts', ['?', '?'])[0]} and "
-                                 f"{o.get('callgrind_counts', ['?', '?'])[1]}"))
+                                 f"{o.get('callgrind_counts', ['?', '?'])[1]}")))
     return ["| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in rows]
 
 
@@ -571,13 +398,13 @@ def write(results: dict, results_path: str) -> str:
     import plots
     os.makedirs(IMG, exist_ok=True)
     images = plots.render(results, IMG)
-    rows = targets(results)
+    rows = targets.rows(results)
     met = sum(r["met"] for r in rows)
     out = [
         "# Benchmarks",
         "",
-        "Generated by `python benchmarks/run.py` from "
-        f"`{results_path}`; re-render with `python benchmarks/report.py {results_path}`.",
+        ("Generated by `python benchmarks/run.py` from "
+        f"`{results_path}`; re-render with `python benchmarks/report.py {results_path}`."),
         "",
         "How to read it: every figure is the median over rounds, with the lowest and highest",
         "round in brackets. A round is one process that measures every loop once per case,",
@@ -603,8 +430,8 @@ def write(results: dict, results_path: str) -> str:
         *[f"| {r['platform']} | {r['target']} | {r['figure']} | {'yes' if r['met'] else '**no**'} |"
           for r in rows],
         "",
-        "Timing targets under Wine rank the loops inside Wine only (see above); the "
-        "kernel-call targets are counts, and mean the same on every platform.",
+        ("Timing targets under Wine rank the loops inside Wine only (see above); the "
+         "kernel-call targets are counts, and mean the same on every platform."),
         "",
     ]
     out += ["## Cases", "", *CASES_TEXT, ""]
@@ -620,23 +447,23 @@ def write(results: dict, results_path: str) -> str:
         rates = rate_table(section, name) if first_summary(section) else []
         out += [f"## {heading}", "", *control_line(section), *rates, ""]
         if name in images.get("ratios", {}):
-            out += [f"![{title}: rate relative to {label(REFERENCES[name][0])}]"
-                    f"(img/{images['ratios'][name]})", ""]
+            out += [(f"![{title}: rate relative to {label(REFERENCES[name][0])}]"
+                    f"(img/{images['ratios'][name]})"), ""]
         if any(f"idle_{n}" in first_summary(section) for n in IDLE_SIZES):
             out += [f"### Idle scaling, {title}", "",
-                    "One connection does stream ping-pong while N other connections sit "
-                    "registered", "with the loop, each with a reader waiting. A loop whose "
-                    "iteration costs", "O(registered) slows down; one whose cost is O(ready) "
-                    "does not.", "", *idle_table(section), ""]
+                    ("One connection does stream ping-pong while N other connections sit "
+                    "registered"), ("with the loop, each with a reader waiting. A loop whose "
+                    "iteration costs"), ("O(registered) slows down; one whose cost is O(ready) "
+                    "does not."), "", *idle_table(section), ""]
             if name == "wine" or (name == "windows" and results["meta"].get("wine")):
                 out += [WINE_IDLE_NOTE, ""]
         mem = memory_table(section)
         if mem:
             out += [f"### Memory, {title}", "",
-                    f"Bytes per idle registered connection: RSS growth (tracemalloc's own "
+                    (f"Bytes per idle registered connection: RSS growth (tracemalloc's own "
                     f"bookkeeping removed) over {results['meta']['options']['connections']} "
                     "connections, in a fresh process per figure; in brackets the Python heap "
-                    "alone (tracemalloc), which misses C allocations (libuv).", "", *mem, ""]
+                    "alone (tracemalloc), which misses C allocations (libuv)."), "", *mem, ""]
         calls = kernel_call_table(section)
         if calls:
             out += [f"### Kernel calls per round trip, {title}", "", *KERNEL_CALLS_TEXT, "",
@@ -648,15 +475,15 @@ def write(results: dict, results_path: str) -> str:
         ins = instruction_table(section)
         if ins:
             out += [f"### Instructions per round trip, {title}", "",
-                    "User-space instructions under `valgrind --tool=callgrind`, at two counts of "
+                    ("User-space instructions under `valgrind --tool=callgrind`, at two counts of "
                     "round trips, subtracted. Unlike the timings this does not move from run to "
                     "run, so it settles what a ratio near 1.0 cannot; it leaves out the kernel's "
-                    "side (next table), cache misses and waiting.", "", *ins]
+                    "side (next table), cache misses and waiting."), "", *ins]
         sys_lines = syscall_table(section)
         if sys_lines:
             out += [f"### System calls per 1000 round trips, {title}", "",
-                    "`strace -c -f` on a worker doing exactly N round trips, at two N, "
-                    "subtracted: start-up cancels out.", "", *sys_lines]
+                    ("`strace -c -f` on a worker doing exactly N round trips, at two N, "
+                    "subtracted: start-up cancels out."), "", *sys_lines]
     if images.get("idle"):
         out += ["## Plots", "", f"![idle scaling](img/{images['idle']})", ""]
     if images.get("syscalls"):
@@ -673,7 +500,7 @@ def main(argv) -> int:
     with open(argv[1], encoding="utf-8") as f:
         results = json.load(f)
     path = write(results, os.path.relpath(os.path.abspath(argv[1]), ROOT))
-    print("\n".join(target_lines(results)))
+    print("\n".join(targets.lines(results)))
     print(f"wrote {path}")
     return 0
 

@@ -36,23 +36,19 @@ import json
 import os
 import sys
 import time
-from typing import Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+import counting
+import instructions
+import kernel_calls
+import machine
+import report
+import runner
+import syscalls
+import targets
+from loops import LINUX_LOOPS, OURS, REFERENCES, WINDOWS_LOOPS
+from platforms import ensure_inplace_build, linux_platform, windows_platform
+from runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress
 
-import counting  # noqa: E402
-import instructions  # noqa: E402
-import kernel_calls  # noqa: E402
-import machine  # noqa: E402
-import report  # noqa: E402
-import runner  # noqa: E402
-import syscalls  # noqa: E402
-from loops import LINUX_LOOPS, OURS, WINDOWS_LOOPS  # noqa: E402
-from runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress  # noqa: E402
-
-LINUX_REFERENCES = ["asyncio"]
-WINE_REFERENCES = ["proactor", "winselector"]
 WINDOWS = sys.platform == "win32"
 #: the untimed measurements, asked for by name with --cases
 COUNTED = ["kernel_calls", "syscalls", "instructions"]
@@ -112,55 +108,6 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
-def package_env(options) -> dict:
-    """The workers' environment: our package from the source tree (built in
-    place if need be), unless --installed."""
-    env = dict(os.environ)
-    if not options.installed:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    env.pop("SOCKNOTIFY_BACKEND", None)
-    return env
-
-
-def linux_platform(options) -> Platform:
-    return Platform(name="linux", command=lambda spec: [sys.executable, os.path.join(
-        HERE, "worker.py"), spec], env=package_env(options), pin=options.cpu, cwd=ROOT)
-
-
-def windows_platform(options) -> Platform:
-    """Windows CPython itself, natively: this very interpreter runs the
-    workers, each pinning itself to the CPU (SetProcessAffinityMask)."""
-    return Platform(name="windows", command=lambda spec: [sys.executable, os.path.join(
-        HERE, "worker.py"), spec], env=package_env(options), pin=options.cpu, cwd=ROOT)
-
-
-def ensure_inplace_build(options) -> None:
-    """``pip install -e .`` when the C core is missing or older than its
-    sources, so the figures are those of the code in the tree. (The build
-    runs in pip's isolated build environment: ``setup.py build_ext`` needs
-    the setuptools pyproject.toml asks for, which this Python may lack.)"""
-    import glob
-    import subprocess
-    if options.installed:
-        return
-    package = os.path.join(ROOT, "socknotify_loop")
-    built = glob.glob(os.path.join(package, "_socknotify*.so" if not WINDOWS
-                                   else "_socknotify*.pyd"))
-    sources = glob.glob(os.path.join(package, "_core", "*.[ch]")) + [
-        os.path.join(package, "_build.py")]
-    newest = max(os.path.getmtime(p) for p in sources)
-    if built and min(os.path.getmtime(p) for p in built) >= newest:
-        return
-    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", ROOT]
-    log(f"building the C core in place ({' '.join(command[1:])})")
-    proc = subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    if proc.returncode != 0:
-        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-        log("the in-place build failed; measuring the extension already there"
-            + (f": {tail[0][:200]}" if tail else ""))
-
-
 def available(info: dict, loops):
     return [name for name in loops if info["loops"].get(name, {}).get("available")]
 
@@ -196,7 +143,7 @@ def summarise(section: dict, references) -> None:
     section["idle_scaling"] = runner.idle_scaling(any_summary, section["usable"])
 
 
-def run_linux(options, cfg, progress) -> Optional[dict]:
+def run_linux(options, cfg, progress) -> dict | None:
     """Linux: timed rounds, memory, then the exact counters (strace, callgrind)."""
     loops = wanted_loops(options, LINUX_LOOPS)
     cases = wanted(options, TIMED_CASES + MEMORY_CASES)
@@ -208,9 +155,9 @@ def run_linux(options, cfg, progress) -> Optional[dict]:
         or "instructions" in asked
     if not loops or not (cases or want_syscalls or want_instructions or want_kernel_calls):
         return None
-    if "socknotify" in loops:
-        ensure_inplace_build(options)
-    platform = linux_platform(options)
+    if "socknotify" in loops and not options.installed:
+        ensure_inplace_build(log)
+    platform = linux_platform(options.cpu, options.installed)
     log(f"Linux: loops {', '.join(loops)}; {options.rounds} rounds, "
         f"{options.warmup}+{options.duration} s per figure, pinned to CPU {options.cpu}")
     section = run_platform(platform, loops, cases, options.rounds,
@@ -229,7 +176,7 @@ def run_linux(options, cfg, progress) -> Optional[dict]:
                                                      options.callgrind_counts, progress)
     if want_kernel_calls:
         count_kernel_calls(platform, section, options, progress)
-    summarise(section, LINUX_REFERENCES)
+    summarise(section, REFERENCES["linux"])
     return section
 
 
@@ -243,14 +190,14 @@ def count_kernel_calls(platform: Platform, section: dict, options, progress) -> 
                                                  options.kernel_counts, progress)
 
 
-def run_wine(options, cfg, progress) -> Optional[dict]:
+def run_wine(options, cfg, progress) -> dict | None:
     """Windows CPython under Wine: the same rounds and memory figures."""
     loops = wanted_loops(options, WINDOWS_LOOPS)
     cases = wanted(options, TIMED_CASES + MEMORY_CASES)
     want_kernel_calls = wants_kernel_calls(options)
     if not loops or not (cases or want_kernel_calls):
         return None
-    import wine_side   # only now: it checks for (and may apt-get) Wine and mingw
+    import wine_side  # only now: it checks for (and may apt-get) Wine and mingw
     log("Wine: preparing Windows CPython, winloop and our win_amd64 wheel")
     notes = wine_side.prepare(log)
     platform = wine_side.platform(options.cpu)
@@ -268,11 +215,11 @@ def run_wine(options, cfg, progress) -> Optional[dict]:
     section["notes"] = notes
     if want_kernel_calls:
         count_kernel_calls(platform, section, options, progress)
-    summarise(section, WINE_REFERENCES)
+    summarise(section, REFERENCES["wine"])
     return section
 
 
-def run_windows(options, cfg, progress) -> Optional[dict]:
+def run_windows(options, cfg, progress) -> dict | None:
     """Natively on Windows: the loops of the Wine section, the same cases
     and rounds, and the kernel-call counts; no strace or callgrind."""
     loops = wanted_loops(options, WINDOWS_LOOPS)
@@ -280,9 +227,9 @@ def run_windows(options, cfg, progress) -> Optional[dict]:
     want_kernel_calls = wants_kernel_calls(options)
     if not loops or not (cases or want_kernel_calls):
         return None
-    if any(name in OURS for name in loops):
-        ensure_inplace_build(options)
-    platform = windows_platform(options)
+    if any(name in OURS for name in loops) and not options.installed:
+        ensure_inplace_build(log)
+    platform = windows_platform(options.cpu, options.installed)
     log(f"Windows: loops {', '.join(loops)}; {options.rounds} rounds, "
         f"{options.warmup}+{options.duration} s per figure, pinned to CPU {options.cpu}")
     section = run_platform(platform, loops, cases, options.rounds,
@@ -290,7 +237,7 @@ def run_windows(options, cfg, progress) -> Optional[dict]:
     section["placement"] = f"worker pinned to CPU {options.cpu} (SetProcessAffinityMask)"
     if want_kernel_calls:
         count_kernel_calls(platform, section, options, progress)
-    summarise(section, WINE_REFERENCES)
+    summarise(section, REFERENCES["windows"])
     return section
 
 
@@ -339,7 +286,7 @@ def main(argv=None) -> int:
         json.dump(results, f, indent=1, sort_keys=True)
     log(f"results: {os.path.relpath(output, ROOT)} ({meta['run_seconds']:.0f} s)")
 
-    for line in report.target_lines(results):
+    for line in targets.lines(results):
         log(line)
     # The page shows full runs only, unless asked (a smoke run would replace it).
     if not (options.filtered or options.quick) or options.report:

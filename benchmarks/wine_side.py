@@ -1,8 +1,8 @@
 """The Windows side: Windows CPython 3.11 under Wine, driven from Linux.
 
-Reuses tools/wine.py for everything it already knows (the Windows Python,
-the mingw-built win_amd64 wheel, the Wine environment) and adds what a
-benchmark needs on top:
+Reuses tools/wine/ (``python -m tools.wine``) for everything it already
+knows (the Windows Python, the mingw-built win_amd64 wheel, the Wine
+environment) and adds what a benchmark needs on top:
 
 - A Wine prefix of its own (``.wine-cache/bench-prefix``): wineserver is
   per prefix, so killing ours between rounds cannot kill a test run that
@@ -20,30 +20,59 @@ benchmark needs on top:
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
-from typing import Dict, List, Optional
+from types import ModuleType
 
 from runner import RAW, ROOT, Platform
 
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import wine as wine_tools  # noqa: E402  (tools/wine.py)
+#: the name tools/wine/ is imported under here (its modules import each
+#: other relatively, so any name serves)
+WINE_TOOLS = "socknotify_wine_tools"
+
+
+def _wine_tools(module: str) -> ModuleType:
+    """One module of tools/wine/, the package ``python -m tools.wine`` runs,
+    imported from its folder: run.py's sys.path starts with benchmarks/, not
+    with the project root where ``tools`` would be found."""
+    if WINE_TOOLS not in sys.modules:
+        folder = os.path.join(ROOT, "tools", "wine")
+        spec = importlib.util.spec_from_file_location(
+            WINE_TOOLS, os.path.join(folder, "__init__.py"),
+            submodule_search_locations=[folder])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {folder}")
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[WINE_TOOLS] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{WINE_TOOLS}.{module}")
+
+
+wine_apt = _wine_tools("apt")
+wine_config = _wine_tools("config")
+windows_cpython = _wine_tools("python")
+wine_runtime = _wine_tools("runtime")
+wine_wheel = _wine_tools("wheel")
 
 PY = "3.11"
-BENCH_PREFIX = os.path.join(wine_tools.CACHE, "bench-prefix")
-SITE = os.path.join(wine_tools.CACHE, "bench-site")
-RUNDIR = os.path.join(wine_tools.CACHE, "bench-run")
+BENCH_PREFIX = os.path.join(wine_config.CACHE, "bench-prefix")
+SITE = os.path.join(wine_config.CACHE, "bench-site")
+RUNDIR = os.path.join(wine_config.CACHE, "bench-run")
 PEER_PACKAGES = ["winloop==0.8.2", "cffi"]
 
 
-def bench_env() -> Dict[str, str]:
-    env = wine_tools.wine_env()
+def bench_env() -> dict[str, str]:
+    env = wine_runtime.wine_env(PY)
     env["WINEPREFIX"] = BENCH_PREFIX
-    env["PYTHONPATH"] = wine_tools.windows_path(SITE)
-    env.pop("SOCKNOTIFY_BACKEND", None)    # the worker sets it per loop
+    env["PYTHONPATH"] = wine_runtime.windows_path(SITE)
+    # Each loop names its backend (loops.py); none comes from the caller's
+    # environment.
+    env.pop("SOCKNOTIFY_BACKEND", None)
     return env
 
 
@@ -54,26 +83,27 @@ def wineserver() -> str:
 def stop_wineserver() -> None:
     """Kill our prefix's wineserver and wait until it is gone."""
     env = bench_env()
-    subprocess.run([wineserver(), "-k"], env=env, stderr=subprocess.DEVNULL)
-    subprocess.run([wineserver(), "-w"], env=env, stderr=subprocess.DEVNULL)
+    subprocess.run([wineserver(), "-k"], check=False, env=env, stderr=subprocess.DEVNULL)
+    subprocess.run([wineserver(), "-w"], check=False, env=env, stderr=subprocess.DEVNULL)
 
 
-def windows_python(args: List[str], timeout: float = 600) -> subprocess.CompletedProcess:
+def windows_python(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the Windows Python once (set-up chores), output captured."""
-    exe = os.path.join(wine_tools.python_dir(PY), "python.exe")
+    exe = os.path.join(windows_cpython.python_dir(PY), "python.exe")
     try:
-        return subprocess.run([wine_tools.wine_binary(), exe, *args], env=bench_env(),
+        return subprocess.run([wine_runtime.wine_binary(), exe, *args], check=False,
+                              env=bench_env(),
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=timeout, cwd=RUNDIR)
     finally:
         stop_wineserver()
 
 
-def prepare(log) -> Dict[str, object]:
+def prepare(log) -> dict[str, object]:
     """Windows Python, peers and our wheel ready; returns notes for the report."""
-    notes: Dict[str, object] = {}
-    wine_tools.ensure_apt_packages()
-    wine_tools.ensure_windows_python(PY)
+    notes: dict[str, object] = {}
+    wine_apt.ensure_apt_packages()
+    windows_cpython.ensure_windows_python(PY)
     os.makedirs(RUNDIR, exist_ok=True)
     check = windows_python(["-c", "import winloop, cffi"])
     if check.returncode != 0:
@@ -85,11 +115,11 @@ def prepare(log) -> Dict[str, object]:
     try:
         # The build's compiler output goes to a log, not over the progress lines.
         with _output_to(os.path.join(RAW, "wine-wheel-build.log")):
-            wheel = wine_tools.cmd_wheel(PY)
+            wheel = wine_wheel.build_wheel(PY)
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(SITE)
         notes["wheel"] = os.path.basename(wheel)
-    except (Exception, SystemExit) as exc:   # the peers are still worth measuring
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 (the peers are still worth measuring)
         notes["wheel_error"] = f"{type(exc).__name__}: {exc}"
         log(f"our win_amd64 wheel did not build ({notes['wheel_error'][:200]}); "
             f"see benchmarks/results/raw/wine-wheel-build.log: peers only")
@@ -118,7 +148,7 @@ def _output_to(path: str):
                 os.close(fd)
 
 
-def _proc_status(pid: int) -> Dict[str, str]:
+def _proc_status(pid: int) -> dict[str, str]:
     fields = {}
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -130,7 +160,7 @@ def _proc_status(pid: int) -> Dict[str, str]:
     return fields
 
 
-def _prefix_of(pid: int) -> Optional[str]:
+def _prefix_of(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             for item in f.read().split(b"\0"):
@@ -141,7 +171,7 @@ def _prefix_of(pid: int) -> Optional[str]:
     return None
 
 
-def placement() -> Dict[str, str]:
+def placement() -> dict[str, str]:
     """CPU affinity of our python.exe and wineserver, read from /proc."""
     found = {}
     for entry in os.listdir("/proc"):
@@ -158,13 +188,13 @@ def placement() -> Dict[str, str]:
 
 def platform(cpu: int) -> Platform:
     """Workers as `taskset -c CPU wine python.exe worker.py SPEC`."""
-    exe = os.path.join(wine_tools.python_dir(PY), "python.exe")
-    worker = wine_tools.windows_path(os.path.join(os.path.dirname(__file__), "worker.py"))
-    seen: List[Dict[str, str]] = []
+    exe = os.path.join(windows_cpython.python_dir(PY), "python.exe")
+    worker = wine_runtime.windows_path(os.path.join(os.path.dirname(__file__), "worker.py"))
+    seen: list[dict[str, str]] = []
 
-    def command(spec_path: str) -> List[str]:
-        return ["taskset", "-c", str(cpu), wine_tools.wine_binary(), exe, worker,
-                wine_tools.windows_path(spec_path)]
+    def command(spec_path: str) -> list[str]:
+        return ["taskset", "-c", str(cpu), wine_runtime.wine_binary(), exe, worker,
+                wine_runtime.windows_path(spec_path)]
 
     result = Platform(name="wine", command=command, env=bench_env(), pin=None,
                       before=stop_wineserver, after=stop_wineserver,
@@ -175,7 +205,7 @@ def platform(cpu: int) -> Platform:
 
 def wine_version() -> str:
     try:
-        return subprocess.run([wine_tools.wine_binary(), "--version"], capture_output=True,
-                              text=True, env=bench_env()).stdout.strip()
+        return subprocess.run([wine_runtime.wine_binary(), "--version"], check=False,
+                              capture_output=True, text=True, env=bench_env()).stdout.strip()
     except OSError as exc:
         return f"unknown ({exc})"

@@ -3,7 +3,7 @@
 The cdef is read from the one public header, ``_core/socknotify.h``, between
 its CDEF markers, so the C declarations and what Python sees cannot drift.
 ``setup.py`` names ``socknotify_loop/_build.py:ffibuilder`` in
-``cffi_modules``; the Windows cross-build (``tools/wine.py``) imports the
+``cffi_modules``; the Windows cross-build (``tools/wine/``) imports the
 same ``ffibuilder`` and emits its C code for mingw-w64. A build-time file:
 the sdist ships it, the wheels leave it out (setup.py).
 """

@@ -2,6 +2,6 @@
 
 setuptools reads it statically (``[tool.setuptools.dynamic]`` in
 pyproject.toml) without importing the package, whose compiled core does not
-exist yet at build time; ``tools/wine.py`` reads it the same way.
+exist yet at build time; ``tools/wine/`` reads it the same way.
 """
 __version__ = "0.1.0"

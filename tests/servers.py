@@ -4,7 +4,7 @@ Used three ways:
 
 * the Linux tests' fixtures (``pg_dsn``, ``redis_url``) start a server per
   test session on 127.0.0.1 and stop it afterwards;
-* ``tools/wine.py`` starts PostgreSQL on the Linux side before it runs the
+* ``tools/wine`` starts PostgreSQL on the Linux side before it runs the
   Windows pytest under Wine, and passes the address down in
   ``SOCKNOTIFY_TEST_PG_DSN`` (the Windows Python reaches it through loopback);
 * on any machine, an address already in ``SOCKNOTIFY_TEST_PG_DSN`` or
@@ -182,9 +182,9 @@ def _server_fixture(variable: str, start, what: str):
             yield os.environ[variable]
             return
         if sys.platform == "win32":
-            # Under Wine the server runs on the Linux side: tools/wine.py starts it.
+            # Under Wine the server runs on the Linux side: tools/wine starts it.
             skip_or_fail(f"{what}: no server address in {variable} "
-                         "(tools/wine.py sets it when it can start one on Linux)")
+                         "(tools/wine sets it when it can start one on Linux)")
         try:
             server = start()
             address = server.__enter__()
@@ -209,7 +209,7 @@ def _redis_fixture():
 
 try:
     import pytest as _pytest  # noqa: F401
-except ImportError:  # used by tools/wine.py with the Linux Python, which may lack pytest
+except ImportError:  # used by tools/wine with the Linux Python, which may lack pytest
     pass
 else:
     pg_dsn = _pg_fixture()

@@ -3,7 +3,7 @@
 psycopg 3's async API needs ``add_reader``/``add_writer`` (it refuses
 ProactorEventLoop outright); asyncpg and redis-py use transports. All three
 run on Linux against servers these fixtures start and, through
-tools/wine.py, in Windows CPython under Wine against the servers the Linux
+tools/wine, in Windows CPython under Wine against the servers the Linux
 side started (reached through loopback). Warnings are errors.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import servers
 from servers import need, run_on_loop
 
 # Session fixtures: a PostgreSQL and a redis-server started for this run, or
-# the addresses tools/wine.py (or the developer) put in the environment.
+# the addresses tools/wine (or the developer) put in the environment.
 pg_dsn = servers.pg_dsn
 redis_url = servers.redis_url
 

@@ -48,8 +48,9 @@ def fail(message: str) -> None:
 
 def source_version() -> str:
     """The version in socknotify_loop/_version.py, read without importing
-    the package (tools/wine.py's reader, beside this file)."""
-    from wine import package_version
+    the package: tools/wine/project.py, importable as wine.project because
+    this script's folder, tools/, is first on sys.path."""
+    from wine.project import package_version
     return package_version()
 
 

@@ -1,0 +1,69 @@
+"""Build the Windows wheel with mingw-w64 and run the test suite in a real
+Windows CPython under Wine, on a Linux machine that has none of it yet.
+
+From the repository root:
+
+    python -m tools.wine setup  --py 3.11   # apt packages, Windows Python, Wine prefix
+    python -m tools.wine wheel  --py 3.11   # dist/socknotify_loop-*-cp39-abi3-win_amd64.whl
+    python -m tools.wine test   --py 3.11 [-- pytest args]  # install wheel + deps, run pytest
+    python -m tools.wine all    --py 3.11 [-- pytest args]  # the three in order
+    python -m tools.wine bench  --py 3.11 [-- run.py args]  # benchmarks/run.py natively in it
+
+Checked on Debian 12 with Wine 8.0. Windows Python under Wine needs stdin
+from /dev/null and stdout/stderr on pipes (runtime.py); where the Windows
+Python comes from and what it lacks: python.py.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .apt import ensure_apt_packages
+from .bench import run_bench
+from .python import WINDOWS_PYTHONS, ensure_windows_python
+from .run import run_tests
+from .runtime import wine_python
+from .wheel import build_wheel, fresh_wheel, wheel_path
+
+COMMANDS = ["setup", "wheel", "test", "all", "bench"]
+
+
+def setup(version: str) -> None:
+    """Wine and mingw-w64, the Windows Python, and a prefix that runs it."""
+    ensure_apt_packages()
+    ensure_windows_python(version)
+    wine_python(version, ["-c", "import sys; print(sys.version)"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.wine",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=COMMANDS)
+    parser.add_argument("--py", default="3.11", choices=sorted(WINDOWS_PYTHONS))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after "--" goes to pytest (to run.py for bench) untouched.
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    options = parser.parse_args(argv)
+    version = options.py
+    if options.command == "setup":
+        setup(version)
+        return 0
+    if options.command == "wheel":
+        build_wheel(version)
+        return 0
+    if options.command == "bench":
+        setup(version)
+        return run_bench(version, fresh_wheel(version), extra)
+    if options.command == "test":
+        wheel = wheel_path()
+        if not os.path.exists(wheel):
+            wheel = build_wheel(version)
+        return run_tests(version, wheel, extra)
+    setup(version)
+    return run_tests(version, build_wheel(version), extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
