@@ -21,7 +21,8 @@ HEADER = os.path.join(CORE, "socknotify.h")
 
 # One C file per concern; each backend file compiles to nothing on the
 # operating systems it does not serve (#ifdef guards inside).
-SOURCES = ["sn_port.c", "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c", "sn_afd.c"]
+SOURCES = ["sn_port.c", "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c",
+           "sn_afd.c"]
 
 
 def read_cdef(path: str = HEADER) -> str:

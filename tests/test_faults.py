@@ -25,8 +25,7 @@ import pytest
 
 from socknotify_loop import Loop
 from socknotify_loop import port as port_module
-from socknotify_loop.port import (EVENT_IN, Port,
-                                  Registration)
+from socknotify_loop.port import EVENT_IN, Port, Registration
 from socknotify_loop.selector import WAKEUP_KEY, NotifySelector
 
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -349,7 +348,8 @@ def test_loop_add_reader_regular_file_raises():
             with pytest.raises(PermissionError):
                 loop.add_reader(f.fileno(), lambda: None)
             # Nothing left behind: the loop still runs and stops.
-            assert loop.run_until_complete(asyncio.wait_for(asyncio.sleep(0.01, "done"), 5)) == "done"
+            done = loop.run_until_complete(asyncio.wait_for(asyncio.sleep(0.01, "done"), 5))
+            assert done == "done"
             assert not loop.remove_reader(f.fileno())
     finally:
         loop.close()

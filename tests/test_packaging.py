@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 
 import pytest
 
@@ -46,7 +46,7 @@ def import_copy_without_core(tmp_path, source_tree: bool) -> subprocess.Complete
     # an editable install can supply the missing module.
     return subprocess.run([sys.executable, "-S", "-E", "-c", "import socknotify_loop"],
                           cwd=str(tmp_path), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True,
+                          stderr=subprocess.STDOUT, text=True,
                           timeout=TIMEOUT)
 
 

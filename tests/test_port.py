@@ -11,10 +11,19 @@ import pytest
 
 from socknotify_loop import port as port_module
 from socknotify_loop.port import (
-    EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_OUT, EVENT_REMOVE,
-    OP_DISABLE, OP_REMOVE,
-    TRIGGER_EDGE, TRIGGER_LEVEL, TRIGGER_ONESHOT, TRIGGER_PERSISTENT,
-    Port, Registration,
+    EVENT_ERR,
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_OUT,
+    EVENT_REMOVE,
+    OP_DISABLE,
+    OP_REMOVE,
+    TRIGGER_EDGE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
 )
 
 BACKENDS = port_module.available_backends()
@@ -203,7 +212,7 @@ def test_several_threads_share_one_port_oneshot(port):
 
     def worker():
         while True:
-            for key, events in port.process(timeout=5):
+            for key, _events in port.process(timeout=5):
                 if key == stop_key:
                     port.post(stop_key)  # relay the exit to the next thread
                     return

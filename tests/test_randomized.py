@@ -38,9 +38,20 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
 from socknotify_loop import port as port_module  # noqa: E402
-from socknotify_loop.port import (EVENT_HANGUP, EVENT_IN, EVENT_OUT, EVENT_REMOVE,  # noqa: E402
-                                  OP_DISABLE, OP_ENABLE, OP_REMOVE, TRIGGER_LEVEL,
-                                  TRIGGER_ONESHOT, TRIGGER_PERSISTENT, Port, Registration)
+from socknotify_loop.port import (  # noqa: E402
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_OUT,
+    EVENT_REMOVE,
+    OP_DISABLE,
+    OP_ENABLE,
+    OP_REMOVE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
+)
 from socknotify_loop.selector import NotifySelector  # noqa: E402
 
 WINDOWS = sys.platform == "win32"
@@ -164,7 +175,8 @@ class SelectorVersusReference(RuleBasedStateMachine):
     def _both(self, name, *args):
         got = _outcome(lambda: getattr(self.ours, name)(*args))
         want = _outcome(lambda: getattr(self.ref, name)(*args))
-        assert got == want, f"{name}{args!r}: NotifySelector {got}, {type(self.ref).__name__} {want}"
+        reference = type(self.ref).__name__
+        assert got == want, f"{name}{args!r}: NotifySelector {got}, {reference} {want}"
 
     # -- registrations --------------------------------------------------------
 
