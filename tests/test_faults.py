@@ -780,7 +780,7 @@ def test_huge_max_events_does_not_allocate_it():
     assert out.split()[-1] == "ok"
 
 
-# -- Windows: shared/duplicated sockets, close during a poll, handle reuse ------------
+# -- Windows: duplicated (shared) sockets, close during a poll, handle reuse ----------
 
 
 @windows_only

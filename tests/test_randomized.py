@@ -18,7 +18,7 @@
 
 CI runs a bounded, derandomized profile (a few seconds). A long run on
 demand: ``SOCKNOTIFY_RANDOMIZED_STEPS=100000 pytest tests/test_randomized.py``
-(random seeds; hypothesis prints the failing sequence).
+(randomized; hypothesis prints the failing sequence).
 """
 from __future__ import annotations
 
