@@ -6,8 +6,9 @@ Installs tox if it is missing, makes the pyenv Pythons 3.9-3.13 visible to it
 installs Debian's pypy3 and pypy3-dev (as root, with apt-get) when the
 pypy3 environment will run and they are missing, then runs tox's whole
 envlist: the linters (ruff, mypy), Linux tests on each Python and on PyPy,
-the sanitizer run, the sdist-to-wheel check, and the Wine suites (which install Wine, mingw-w64 and the Windows Pythons
-themselves). Exits with tox's status.
+the sanitizer run, the sdist-to-wheel check, and the Wine suites (which
+install Wine, mingw-w64 and the Windows Pythons themselves). Exits with
+tox's status.
 """
 import os
 import shutil
