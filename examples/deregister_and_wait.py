@@ -27,8 +27,14 @@ import sys
 import time
 
 from socknotify_loop.port import (
-    EVENT_HANGUP, EVENT_IN, EVENT_REMOVE, OP_REMOVE,
-    TRIGGER_LEVEL, TRIGGER_PERSISTENT, Port, Registration,
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_REMOVE,
+    OP_REMOVE,
+    TRIGGER_LEVEL,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
 )
 
 QUIET = 0.3     # seconds of silence that count as "nothing arrives"
@@ -84,7 +90,8 @@ def remove_live_socket(port):
         ok &= check(port.registered == 0, "no registration left")
         b.send(b"more data")
         after = port.process(timeout=QUIET)
-        ok &= check(after == [], f"nothing more for key 1 after REMOVE, though data was sent: {after}")
+        ok &= check(after == [],
+                    f"nothing more for key 1 after REMOVE, though data was sent: {after}")
     return ok
 
 

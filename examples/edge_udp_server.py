@@ -26,8 +26,14 @@ import threading
 import time
 
 from socknotify_loop.port import (
-    EVENT_ERR, EVENT_IN, EVENT_REMOVE, OP_REMOVE,
-    TRIGGER_EDGE, TRIGGER_PERSISTENT, Port, Registration,
+    EVENT_ERR,
+    EVENT_IN,
+    EVENT_REMOVE,
+    OP_REMOVE,
+    TRIGGER_EDGE,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
 )
 
 KEY = 1

@@ -28,8 +28,15 @@ import threading
 import time
 
 from socknotify_loop.port import (
-    EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_REMOVE, OP_REMOVE,
-    TRIGGER_LEVEL, TRIGGER_PERSISTENT, Port, Registration,
+    EVENT_ERR,
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_REMOVE,
+    OP_REMOVE,
+    TRIGGER_LEVEL,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
 )
 
 KEY = 1

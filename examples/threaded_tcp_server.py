@@ -37,8 +37,16 @@ import threading
 import time
 
 from socknotify_loop.port import (
-    EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_REMOVE, OP_ENABLE, OP_REMOVE,
-    TRIGGER_LEVEL, TRIGGER_ONESHOT, Port, Registration,
+    EVENT_ERR,
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_REMOVE,
+    OP_ENABLE,
+    OP_REMOVE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    Port,
+    Registration,
 )
 
 LISTENER = "listener"
@@ -286,7 +294,8 @@ def run(backend, threads, clients, messages):
           f"(notifications per thread: {sorted(server.per_thread)}), "
           f"{server.removed} REMOVE notifications, "
           f"{server.failed_registrations} failed registrations")
-    print(f"summary: clients={len(results)}/{clients} messages={done_messages}/{clients * messages} "
+    print(f"summary: clients={len(results)}/{clients} "
+          f"messages={done_messages}/{clients * messages} "
           f"bytes={done_bytes} contexts_left={left}")
     if left:
         errors.append(f"{left} contexts left")

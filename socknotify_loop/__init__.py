@@ -20,13 +20,27 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, TypeVar
 
 from ._version import __version__
-from .port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_OUT, EVENT_REMOVE,
-                   OP_DISABLE, OP_ENABLE, OP_NONE, OP_REMOVE, TRIGGER_EDGE,
-                   TRIGGER_LEVEL, TRIGGER_ONESHOT, TRIGGER_PERSISTENT, Port,
-                   Registration, backend_info)
+from .port import (
+    EVENT_ERR,
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_OUT,
+    EVENT_REMOVE,
+    OP_DISABLE,
+    OP_ENABLE,
+    OP_NONE,
+    OP_REMOVE,
+    TRIGGER_EDGE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
+    backend_info,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     import asyncio
@@ -54,7 +68,7 @@ _LAZY = {"Loop": (".loop", "Loop"), "NotifySelector": (".selector", "NotifySelec
 _DEPRECATED = ("EventLoopPolicy", "install")
 
 
-def new_event_loop() -> "Loop":
+def new_event_loop() -> Loop:
     """A new :class:`Loop`: the loop factory for ``asyncio.Runner``,
     ``asyncio.run(loop_factory=...)``, uvicorn's ``--loop`` and anyio."""
     from .loop import Loop
@@ -89,7 +103,7 @@ def run(main: Awaitable[_T], *, debug: Optional[bool] = None, **run_kwargs: Any)
 
 
 def _run_before_runner(main: Awaitable[_T], debug: Optional[bool],
-                       loop_factory: Callable[[], "asyncio.AbstractEventLoop"]) -> _T:
+                       loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> _T:
     """asyncio.run's steps on Python 3.9/3.10, which has no loop factory."""
     import asyncio
 
@@ -102,7 +116,8 @@ def _run_before_runner(main: Awaitable[_T], debug: Optional[bool],
         asyncio.set_event_loop(loop)
         if debug is not None:
             loop.set_debug(debug)
-        return loop.run_until_complete(main)
+        result: _T = loop.run_until_complete(main)
+        return result
     finally:
         try:
             _cancel_leftover_tasks(loop)
@@ -113,7 +128,7 @@ def _run_before_runner(main: Awaitable[_T], debug: Optional[bool],
             loop.close()
 
 
-def _cancel_leftover_tasks(loop: "asyncio.AbstractEventLoop") -> None:
+def _cancel_leftover_tasks(loop: asyncio.AbstractEventLoop) -> None:
     """Cancel the tasks main() left behind and wait for them, reporting
     their exceptions to the loop's handler (what asyncio.run does)."""
     import asyncio
@@ -160,5 +175,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> list:
+def __dir__() -> List[str]:
     return sorted(set(globals()) | set(_LAZY) | set(_DEPRECATED))

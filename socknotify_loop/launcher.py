@@ -55,7 +55,7 @@ import os
 import platform
 import runpy
 import sys
-from typing import Any, Callable, List, Optional, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 from ._backends import ENVIRONMENT_VARIABLE, backend_from_environment
 
@@ -193,7 +193,9 @@ def _install_stand_ins() -> None:
     stand_ins = {}
     for name, explicit in (("SelectorEventLoop", "selector"), ("ProactorEventLoop", "proactor")):
         stock = names.get(name)
-        if isinstance(stock, type) and type(stock) is not _StandIn:
+        # A stand-in passes isinstance(x, type) (see _StandIn), which mypy
+        # cannot know: to it the identity check looks always true.
+        if isinstance(stock, type) and type(stock) is not _StandIn:  # type: ignore[comparison-overlap]
             stand_ins[stock] = _StandIn(stock, explicit)
     # Every public name bound to one of those classes: SelectorEventLoop,
     # ProactorEventLoop and EventLoop (3.13+), in the platform module and
@@ -210,7 +212,7 @@ def _install_stand_ins() -> None:
             factory = value.__dict__.get("_loop_factory")
             if type(factory) is not _StandIn and isinstance(factory, type) \
                     and factory in stand_ins:
-                value._loop_factory = stand_ins[factory]
+                value._loop_factory = stand_ins[factory]  # type: ignore[attr-defined]
 
 
 def use_socknotify_loop() -> None:
@@ -267,7 +269,7 @@ def _cover_child_processes() -> None:
     if getattr(original, "_socknotify_loop", False):
         return
 
-    def get_preparation_data(name: str) -> dict:
+    def get_preparation_data(name: str) -> Dict[str, Any]:
         data = original(name)
         # multiprocessing's prepare() ignores keys it does not know.
         data["socknotify_loop"] = _ChildSetup()
@@ -287,7 +289,7 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _usable_backend(forced: Optional[str]) -> dict:
+def _usable_backend(forced: Optional[str]) -> Dict[str, Any]:
     """``backend_info`` for the backend a Loop would use, after opening and
     closing a port on it; raises OSError/ValueError/ImportError with the
     reason when no loop can be made."""
@@ -325,7 +327,7 @@ def _describe() -> Tuple[List[str], bool]:
     from . import __version__
 
     lines = [f"socknotify_loop {__version__}"]
-    available: dict = {}
+    available: Dict[str, Tuple[bool, str]] = {}
     usable = False
     try:
         from .port import available_backends
@@ -347,7 +349,7 @@ def _describe() -> Tuple[List[str], bool]:
         # Notifications needs 20348+). Read it from the kernel's own answer:
         # platform.platform() asks WMI on Python 3.13+, which hangs under
         # Wine 8 (propsys.VariantToString is a stub there).
-        win = sys.getwindowsversion()  # type: ignore[attr-defined]
+        win = sys.getwindowsversion()
         lines.append(f"os: Windows {win.major}.{win.minor} build {win.build} "
                      f"({os.environ.get('PROCESSOR_ARCHITECTURE', 'unknown machine')})")
         lines.append(f"windows build: {win.major}.{win.minor}.{win.build} "
@@ -386,7 +388,7 @@ def _raised_by_module_lookup(exc: ImportError) -> bool:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    lookup: Callable = getattr(runpy, "_get_module_details", None)  # type: ignore[assignment]
+    lookup: Any = getattr(runpy, "_get_module_details", None)
     return lookup is not None and tb.tb_frame.f_code is lookup.__code__
 
 

@@ -22,7 +22,7 @@ import os
 import struct
 import sys
 import threading
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ._backends import backend_from_environment, parse_backend_name
 from ._core_import import ffi, lib
@@ -93,11 +93,14 @@ _NOTE_SIZE = _NOTIFICATION.size
 _iter_notes = _NOTIFICATION.iter_unpack
 _from_buffer = ffi.from_buffer
 _NULL = ffi.NULL
-_INFINITE = lib.SN_INFINITE
-_ERROR_CLOSED = lib.sn_error_closed()
-_ERROR_BUSY = lib.sn_error_busy()
-_ERROR_INTERRUPTED = lib.sn_error_interrupted()
+_INFINITE: int = lib.SN_INFINITE
+_ERROR_CLOSED: int = lib.sn_error_closed()
+_ERROR_BUSY: int = lib.sn_error_busy()
+_ERROR_INTERRUPTED: int = lib.sn_error_interrupted()
 _ceil = math.ceil
+# What process() packs when it has no changes (never written to: nothing
+# reads it, since the core gets NULL and no results are unpacked).
+_NO_CHANGES = bytearray()
 
 # A process() call returns at most this many notifications, whatever
 # max_events says (the rest wait for the next call), so a huge max_events
@@ -226,7 +229,7 @@ def _requested_backend(backend: Optional[str]) -> str:
     return name
 
 
-def backend_info(backend: Optional[str] = None) -> dict:
+def backend_info(backend: Optional[str] = None) -> Dict[str, Any]:
     """Which backend a new Port would use and why.
 
     Returns ``{'backend': name, 'usable': bool, 'reason': sentence,
@@ -274,7 +277,8 @@ class Port:
         self._lock = threading.Lock()
         self._closed = False
         self._held: List[Tuple[int, int]] = []   # notifications of a call that raised
-        self._spare: list = []    # notification buffers, reused across calls
+        # Notification buffers, reused across calls: (bytes, cdata view, count cell).
+        self._spare: List[Tuple[bytearray, Any, Any]] = []
 
     # -- properties ---------------------------------------------------------
 
@@ -355,7 +359,7 @@ class Port:
         self._closed = True
         lib.sn_port_close(self._handle)   # the GIL is released meanwhile
 
-    def __enter__(self) -> "Port":
+    def __enter__(self) -> Port:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -390,7 +394,7 @@ class Port:
         changes = [reg._validated() for reg in registrations]
         wait_ms = timeout_ms(timeout)
         count = len(changes)
-        packed = _pack(changes) if count else None
+        packed = _pack(changes) if count else _NO_CHANGES
         capacity = min(max_events, _BATCH_LIMIT)
 
         held = None
@@ -436,13 +440,13 @@ class Port:
     def _probe(self, fd: int) -> int:
         """0 if ``fd`` passes the backend's cheap registration check (see
         ``sn_port_check``), else the error code a registration would get."""
-        err = lib.sn_port_check(self._handle, fd)
+        err: int = lib.sn_port_check(self._handle, fd)
         if err == _ERROR_CLOSED and self.closed:
             raise self._closed_error()
         return err
 
     @staticmethod
-    def _new_buffer(capacity: int):
+    def _new_buffer(capacity: int) -> Tuple[bytearray, Any, Any]:
         """A notification buffer: Python-owned bytes the C core writes
         into, its cdata view, and the count cell."""
         raw = bytearray(max(capacity, 64) * _NOTE_SIZE)

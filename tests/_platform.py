@@ -1,5 +1,13 @@
-"""Facts about the platform the tests run on."""
+"""Facts about the platform the tests run on, and the skip marks they make."""
 import sys
+
+import pytest
+
+LINUX = sys.platform.startswith("linux")
+WINDOWS = sys.platform == "win32"
+
+linux_only = pytest.mark.skipif(not LINUX, reason="Linux (epoll, /proc, fork) only")
+windows_only = pytest.mark.skipif(not WINDOWS, reason="Windows only")
 
 
 def running_under_wine() -> bool:

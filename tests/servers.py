@@ -2,9 +2,9 @@
 
 Used three ways:
 
-* the Linux tests' fixtures (``pg_dsn``, ``redis_url``) start a server per
-  test session on 127.0.0.1 and stop it afterwards;
-* ``tools/wine`` starts PostgreSQL on the Linux side before it runs the
+* the Linux tests' fixtures (``pg_dsn``, ``redis_url``, bound in
+  tests/conftest.py) start a server per test session on 127.0.0.1 and stop it afterwards;
+* ``python -m tools.wine`` starts PostgreSQL on the Linux side before it runs the
   Windows pytest under Wine, and passes the address down in
   ``SOCKNOTIFY_TEST_PG_DSN`` (the Windows Python reaches it through loopback);
 * on any machine, an address already in ``SOCKNOTIFY_TEST_PG_DSN`` or
@@ -51,7 +51,7 @@ def need(module: str, package: str | None = None):
         return importlib.import_module(module)
     except ImportError as exc:
         skip_or_fail(f"{package or module} is not installed ({exc}); "
-                     "pip install -r tests/requirements.txt")
+                     "pip install -e '.[test]'")
 
 
 def free_port() -> int:
@@ -162,18 +162,25 @@ def redis_server() -> Iterator[str]:
         _wait_for_port(port, proc, "redis-server", log)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         shutil.rmtree(base, ignore_errors=True)
 
 
-# -- pytest fixtures (import them into a test module to use them) ----------------------------
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Terminate ``proc``; kill it if it has not exited after ``timeout`` s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
-def _server_fixture(variable: str, start, what: str):
+
+# -- pytest fixtures (tests/conftest.py binds them) -----------------------------------------
+
+def server_fixture(variable: str, start, what: str):
+    """A session fixture yielding the address in ``variable``, or else that of
+    a server ``start()`` runs for the session (skipped/failed if it cannot)."""
     import pytest
 
     @pytest.fixture(scope="session")
@@ -199,24 +206,18 @@ def _server_fixture(variable: str, start, what: str):
     return fixture
 
 
-def _pg_fixture():
-    return _server_fixture(PG_DSN_VAR, postgres_server, "PostgreSQL")
+# -- running code on our loop, and in child processes ----------------------------------------
 
+def child_env() -> dict:
+    """``os.environ`` for a child Python that must import the same copy of
+    socknotify_loop as the tests (the source tree here, the installed wheel
+    under Wine): its parent folder first on PYTHONPATH."""
+    import socknotify_loop
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(socknotify_loop.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = parent + os.pathsep + env.get("PYTHONPATH", "")
+    return env
 
-def _redis_fixture():
-    return _server_fixture(REDIS_URL_VAR, redis_server, "Redis")
-
-
-try:
-    import pytest as _pytest  # noqa: F401
-except ImportError:  # used by tools/wine with the Linux Python, which may lack pytest
-    pass
-else:
-    pg_dsn = _pg_fixture()
-    redis_url = _redis_fixture()
-
-
-# -- running a coroutine on our loop ---------------------------------------------------------
 
 def run_on_loop(main, timeout: float = 120.0):
     """Run ``main()`` on a fresh socknotify_loop Loop (checking that the loop in

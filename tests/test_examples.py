@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _platform import running_under_wine
 
 import socknotify_loop
@@ -26,7 +25,7 @@ def run_example(name, *args):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          env=env, timeout=TIMEOUT, universal_newlines=True)
+                          env=env, timeout=TIMEOUT, text=True)
     return proc.returncode, proc.stdout
 
 

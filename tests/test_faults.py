@@ -22,39 +22,17 @@ import threading
 import time
 
 import pytest
+from _platform import WINDOWS, linux_only, windows_only
+from _sockets import fill_send_buffer, nonblocking_pair, tcp_pair
 
 from socknotify_loop import Loop
-from socknotify_loop import port as port_module
-from socknotify_loop.port import (EVENT_IN, Port,
-                                  Registration)
+from socknotify_loop.port import EVENT_IN, Port, Registration
 from socknotify_loop.selector import WAKEUP_KEY, NotifySelector
 
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
-LINUX = sys.platform.startswith("linux")
-WINDOWS = sys.platform == "win32"
-
-BACKENDS = port_module.available_backends()
-ALL_BACKENDS = [
-    pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"backend {name!r} unavailable: {why}"))
-    for name, (ok, why) in BACKENDS.items()
-]
-linux_only = pytest.mark.skipif(not LINUX, reason="Linux (epoll, /proc, fork) only")
-windows_only = pytest.mark.skipif(not WINDOWS, reason="Windows only")
 
 # CPU a one-second idle wait may burn. A spinning core burns the whole second.
 IDLE_CPU_LIMIT = 0.2
-
-
-@pytest.fixture(params=ALL_BACKENDS)
-def backend(request):
-    return request.param
-
-
-def pair():
-    a, b = socket.socketpair()
-    a.setblocking(False)
-    b.setblocking(False)
-    return a, b
 
 
 def open_fds() -> int:
@@ -287,7 +265,7 @@ def test_register_fd_not_open_raises_ebadf_and_number_is_reusable():
     """A descriptor that is not open: OSError(EBADF) at register(); nothing
     registered; registering a good socket that gets the same number works."""
     with selectors.EpollSelector() as reference, NotifySelector() as sel:
-        a, b = pair()
+        a, b = nonblocking_pair()
         # A number that is not open (taken after the selectors' and the
         # pair's own, so the pair cannot land on it).
         fd = os.open(os.devnull, os.O_RDONLY)
@@ -318,7 +296,7 @@ def test_modify_to_unpollable_file_raises_like_epoll():
     outcomes = []
     with tempfile.TemporaryFile() as f:
         for make in (selectors.EpollSelector, NotifySelector):
-            a, b = pair()
+            a, b = nonblocking_pair()
             fd = os.dup(a.fileno())
             with a, b, make() as sel:
                 try:
@@ -349,7 +327,8 @@ def test_loop_add_reader_regular_file_raises():
             with pytest.raises(PermissionError):
                 loop.add_reader(f.fileno(), lambda: None)
             # Nothing left behind: the loop still runs and stops.
-            assert loop.run_until_complete(asyncio.wait_for(asyncio.sleep(0.01, "done"), 5)) == "done"
+            done = loop.run_until_complete(asyncio.wait_for(asyncio.sleep(0.01, "done"), 5))
+            assert done == "done"
             assert not loop.remove_reader(f.fileno())
     finally:
         loop.close()
@@ -408,7 +387,7 @@ def test_closed_but_still_open_elsewhere_does_not_spin(keeper):
     (os.dup, or a child process holding it) is unregistered and closed:
     epoll keeps the item, so the next select(1.0) must neither spin nor
     report it."""
-    a, b = pair()
+    a, b = nonblocking_pair()
     child = None
     sel = NotifySelector("epoll")
     try:
@@ -480,31 +459,17 @@ def test_loop_handles_sigint_promptly_after_closed_dup():
 # -- 5. no spurious write readiness on a half-closed socket -----------------------------
 
 
-def _fill_send_buffer(sock):
-    chunk = b"x" * 65536
-    total = 0
-    while True:
-        try:
-            total += sock.send(chunk)
-        except BlockingIOError:
-            return total
-
-
 def _half_closed_full_pair(family):
     if family == "unix":
         a, b = socket.socketpair()
     else:
-        with socket.create_server(("127.0.0.1", 0)) as server:
-            a = socket.socket()
-            a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
-            a.connect(server.getsockname())
-            b, _ = server.accept()
-            b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        a, b = tcp_pair(sndbuf=16384)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
     a.setblocking(False)
     b.setblocking(False)
-    _fill_send_buffer(a)
+    fill_send_buffer(a)
     time.sleep(0.05)        # TCP: let the window close, then fill what it freed
-    _fill_send_buffer(a)
+    fill_send_buffer(a)
     b.shutdown(socket.SHUT_WR)
     time.sleep(0.05)        # the FIN reaches a
     return a, b
@@ -669,7 +634,7 @@ def _closed_socket_number():
 def _hold_a_notification(port):
     """A readable socket's notification (key 1) dequeued by a call whose
     other registration fails: held for the next call."""
-    a, b = pair()
+    a, b = nonblocking_pair()
     b.send(b"x")
     regs = [Registration(a, 1, EVENT_IN), Registration(_closed_socket_number(), 2, EVENT_IN)]
     # A positive timeout: the call returns as soon as `a` is reported (the
@@ -724,7 +689,7 @@ def test_plain_process_after_selecting_does_not_spin(backend, drained):
     plain process() on the selector's port (no re-arm): the registration
     was delivered and not re-armed, so the wait is idle, not a spin."""
     sel = NotifySelector(backend)
-    a, b = pair()
+    a, b = nonblocking_pair()
     try:
         sel.register(a, READ)
         b.send(b"data")
@@ -780,7 +745,7 @@ def test_huge_max_events_does_not_allocate_it():
     assert out.split()[-1] == "ok"
 
 
-# -- Windows: shared/duplicated sockets, close during a poll, handle reuse ------------
+# -- Windows: duplicated (shared) sockets, close during a poll, handle reuse ----------
 
 
 @windows_only
@@ -790,7 +755,7 @@ def test_windows_shared_socket_closed_while_registered(backend):
     registered: select() neither spins nor reports stale events, including
     for a new socket that reuses the handle value."""
     sel = NotifySelector(backend)
-    a, b = pair()
+    a, b = nonblocking_pair()
     try:
         dup = socket.fromshare(a.share(os.getpid()))
         sel.register(a, READ)
@@ -808,7 +773,7 @@ def test_windows_shared_socket_closed_while_registered(backend):
         fresh = []
         try:
             for _ in range(64):
-                c, d = pair()
+                c, d = nonblocking_pair()
                 fresh += [c, d]
                 if number in (c.fileno(), d.fileno()):
                     break
@@ -833,7 +798,7 @@ def test_windows_close_port_during_poll(backend):
     """A registered socket and a thread waiting in process(None): close()
     wakes the thread, which returns a list."""
     port = Port(backend)
-    a, b = pair()
+    a, b = nonblocking_pair()
     try:
         port.process([Registration(a, 1, EVENT_IN)], 0)
         box = []
@@ -860,7 +825,7 @@ def test_windows_handle_reuse_after_close(backend):
     reported, and only when its own socket is readable."""
     port = Port(backend)
     try:
-        a, b = pair()
+        a, b = nonblocking_pair()
         b.send(b"old")
         number = a.fileno()
         port.process([Registration(a, 1, EVENT_IN)], 0)
@@ -868,7 +833,7 @@ def test_windows_handle_reuse_after_close(backend):
         fresh = []
         try:
             for _ in range(64):
-                c, d = pair()
+                c, d = nonblocking_pair()
                 fresh += [(c, d)]
                 if c.fileno() == number:
                     break

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import subprocess
 import sys
@@ -15,13 +14,10 @@ import time
 import urllib.request
 
 import pytest
-from servers import need
+from servers import child_env, need, stop_process
 
 import socknotify_loop
 
-# Subprocesses import the same copy of the package as the tests (the source
-# tree here, the installed wheel under Wine).
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(socknotify_loop.__file__)))
 OURS = "socknotify_loop.loop.Loop"
 
 # Warnings are errors here, and in the uvicorn server (-W error).
@@ -29,8 +25,8 @@ pytestmark = pytest.mark.filterwarnings("error")
 
 
 def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
+    # Subprocesses import the same copy of the package as the tests.
+    env = child_env()
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
@@ -76,12 +72,7 @@ def _uvicorn(tmp_path, app_source: str):
         assert port, "uvicorn did not start:\n" + "".join(log)
         yield port
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server)
         if server.stdout:
             server.stdout.close()
 

@@ -12,13 +12,11 @@ import asyncio
 import sys
 
 import pytest
-import servers
 from servers import need, run_on_loop
 
-# Session fixtures: a PostgreSQL and a redis-server started for this run, or
-# the addresses tools/wine (or the developer) put in the environment.
-pg_dsn = servers.pg_dsn
-redis_url = servers.redis_url
+# pg_dsn, redis_url (tests/conftest.py): a PostgreSQL and a redis-server
+# started for this run, or the addresses python -m tools.wine (or the developer)
+# put in the environment.
 
 pytestmark = pytest.mark.filterwarnings("error")
 

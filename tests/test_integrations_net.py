@@ -268,7 +268,7 @@ def test_subprocess_streaming_beside_sockets():
             start = time.monotonic()
             lines, *counts = await asyncio.gather(child(), *(client(k) for k in range(4)))
             # Every idle connection is still served after the child's run.
-            for index, (reader, writer) in enumerate(idle):
+            for index, (_reader, writer) in enumerate(idle):
                 writer.write(b"idle %d\n" % index)
             for index, (reader, writer) in enumerate(idle):
                 assert await reader.readline() == b"idle %d\n" % index

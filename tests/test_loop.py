@@ -16,11 +16,10 @@ import time
 import warnings
 
 import pytest
+from _testbase import AsyncioTestCase, NotifyTestCase, skip_unless_posix
 
 import socknotify_loop
 from socknotify_loop import Loop, NotifySelector
-
-from _testbase import AsyncioTestCase, NotifyTestCase, skip_unless_posix
 
 LOCALHOST = "127.0.0.1"
 
@@ -314,7 +313,7 @@ class _TestReaderWriter:
                 loop.call_later(0.05, writer.send, b"!")
             return callback
 
-        for index, (reader, writer) in enumerate(pairs):
+        for reader, writer in pairs:
             reader.setblocking(False)
             writer.send(b"x")
         loop.add_reader(pairs[0][0], make_callback(0, 1))
@@ -347,7 +346,7 @@ class _TestReaderWriter:
                     done.set_result(None)
             return on_readable
 
-        for index, (reader, writer) in enumerate(pairs):
+        for index, (reader, _writer) in enumerate(pairs):
             reader.setblocking(False)
             loop.add_reader(reader, make_reader(index, reader))
         for _, writer in pairs:
@@ -596,14 +595,14 @@ def test_policy_api_warns_where_asyncio_deprecates_policies(monkeypatch):
 def test_policy_warning_follows_python_version():
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        socknotify_loop.EventLoopPolicy
+        socknotify_loop.EventLoopPolicy  # noqa: B018 - the access itself warns
     deprecations = [w for w in record if issubclass(w.category, DeprecationWarning)]
     assert bool(deprecations) == (sys.version_info >= (3, 14))
 
 
 def test_unknown_attribute_raises_attribute_error():
     with pytest.raises(AttributeError):
-        socknotify_loop.NoSuchThing
+        socknotify_loop.NoSuchThing  # noqa: B018 - the access itself raises
 
 
 def test_public_names_documented():
@@ -659,6 +658,7 @@ def _stock(name):
 def test_fast_path_matches_this_pythons_stock_methods(name):
     import hashlib
     import inspect
+
     from socknotify_loop import loop as loop_module
     if not loop_module._FAST_PATH:
         pytest.skip(f"Python {sys.version_info[:2]} runs asyncio's stock iteration")

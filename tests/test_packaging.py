@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 
 import pytest
 
@@ -46,7 +46,7 @@ def import_copy_without_core(tmp_path, source_tree: bool) -> subprocess.Complete
     # an editable install can supply the missing module.
     return subprocess.run([sys.executable, "-S", "-E", "-c", "import socknotify_loop"],
                           cwd=str(tmp_path), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True,
+                          stderr=subprocess.STDOUT, text=True,
                           timeout=TIMEOUT)
 
 
@@ -81,3 +81,53 @@ def test_api_reference_is_current():
     result = subprocess.run([sys.executable, tool, "--check"], capture_output=True,
                             text=True, cwd=tempfile.gettempdir())
     assert result.returncode == 0, result.stderr
+
+
+def _requirement_lines(path: str) -> list:
+    with open(path, encoding="utf-8") as f:
+        lines = (line.split("#", 1)[0].strip() for line in f)
+        return [line for line in lines if line]
+
+
+def _project_requirements() -> tuple:
+    """pyproject.toml's runtime dependencies and `test` extra."""
+    path = os.path.join(ROOT, "pyproject.toml")
+    if not os.path.exists(path):
+        pytest.skip("no pyproject.toml beside the tests")
+    try:
+        import tomllib
+    except ImportError:     # Python < 3.11: pytest itself depends on tomli there
+        tomllib = pytest.importorskip("tomli")
+    with open(path, "rb") as f:
+        project = tomllib.load(f)["project"]
+    return project["dependencies"], project["optional-dependencies"]["test"]
+
+
+def test_requirement_files_match_the_test_extra():
+    """The `test` extra is the one list; the requirement files (for installs
+    that do not go through pyproject.toml: tools/check_dist.py, tools/wine)
+    must say the same, the Windows one as the extra applies to Windows CPython."""
+    from packaging.requirements import Requirement
+
+    runtime, extra = _project_requirements()
+    wanted = [Requirement(r) for r in runtime + extra]
+
+    def normal(requirements):
+        return sorted(str(r) for r in requirements)
+
+    linux = [Requirement(r) for r in
+             _requirement_lines(os.path.join(ROOT, "tests", "requirements.txt"))]
+    assert normal(linux) == normal(wanted), \
+        "tests/requirements.txt differs from pyproject.toml's dependencies + [test] extra"
+
+    windows_cpython = {"implementation_name": "cpython", "sys_platform": "win32",
+                       "os_name": "nt", "platform_system": "Windows"}
+    applying = []
+    for requirement in wanted:
+        if requirement.marker is None or requirement.marker.evaluate(windows_cpython):
+            requirement.marker = None
+            applying.append(requirement)
+    windows = [Requirement(r) for r in
+               _requirement_lines(os.path.join(ROOT, "tests", "requirements-windows.txt"))]
+    assert normal(windows) == normal(applying), \
+        "tests/requirements-windows.txt differs from pyproject.toml's [test] extra on Windows"

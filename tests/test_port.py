@@ -8,13 +8,23 @@ import threading
 import time
 
 import pytest
+from _sockets import nonblocking_pair
 
 from socknotify_loop import port as port_module
 from socknotify_loop.port import (
-    EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_OUT, EVENT_REMOVE,
-    OP_DISABLE, OP_REMOVE,
-    TRIGGER_EDGE, TRIGGER_LEVEL, TRIGGER_ONESHOT, TRIGGER_PERSISTENT,
-    Port, Registration,
+    EVENT_ERR,
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_OUT,
+    EVENT_REMOVE,
+    OP_DISABLE,
+    OP_REMOVE,
+    TRIGGER_EDGE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
 )
 
 BACKENDS = port_module.available_backends()
@@ -22,27 +32,13 @@ AVAILABLE = [name for name, (ok, _) in BACKENDS.items() if ok]
 ONESHOT = TRIGGER_LEVEL | TRIGGER_ONESHOT
 PERSISTENT = TRIGGER_LEVEL | TRIGGER_PERSISTENT
 
-# Every backend is a parameter; one this machine lacks is skipped with the
-# core's reason (e.g. psn under Wine and on Windows 10: "ProcessSocket-
-# Notifications not exported by ws2_32"), so the report shows what did not run.
-ALL_BACKENDS = [
-    pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"backend {name!r} unavailable: {why}"))
-    for name, (ok, why) in BACKENDS.items()
-]
 
-
-@pytest.fixture(params=ALL_BACKENDS)
-def port(request):
-    p = Port(request.param)
+@pytest.fixture
+def port(backend):
+    """A Port on each backend in turn (``backend``: tests/conftest.py)."""
+    p = Port(backend)
     yield p
     p.close()
-
-
-def pair():
-    a, b = socket.socketpair()
-    a.setblocking(False)
-    b.setblocking(False)
-    return a, b
 
 
 def wait_for(port, key, timeout=2.0, regs=()):
@@ -63,7 +59,7 @@ def test_backend_name(port):
 
 
 def test_oneshot_fires_once_until_reenabled(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         b.send(b"x")
         assert wait_for(port, 1, regs=[Registration(a, 1, EVENT_IN)]) & EVENT_IN
@@ -74,7 +70,7 @@ def test_oneshot_fires_once_until_reenabled(port):
 
 
 def test_level_refires_while_unread_and_stops_when_drained(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         b.send(b"hello")
         for _ in range(3):
@@ -84,7 +80,7 @@ def test_level_refires_while_unread_and_stops_when_drained(port):
 
 
 def test_persistent_keeps_firing(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         b.send(b"x")
         reg = Registration(a, 3, EVENT_IN, trigger=PERSISTENT)
@@ -98,7 +94,7 @@ def test_persistent_keeps_firing(port):
 
 
 def test_edge_triggered_or_refused(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         reg = Registration(a, 4, EVENT_IN, trigger=TRIGGER_EDGE | TRIGGER_PERSISTENT)
         if not port.supports(TRIGGER_EDGE):
@@ -116,13 +112,13 @@ def test_edge_triggered_or_refused(port):
 
 
 def test_writable_and_out_filter(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         assert wait_for(port, 5, regs=[Registration(a, 5, EVENT_OUT)]) & EVENT_OUT
 
 
 def test_hangup_on_peer_close(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a:
         port.process([Registration(a, 6, EVENT_IN | EVENT_HANGUP)], timeout=0)
         b.close()
@@ -150,7 +146,7 @@ def test_err_on_refused_connect(port):
 
 
 def test_remove_after_op_remove(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         port.process([Registration(a, 8, EVENT_IN)], timeout=0)
         assert port.registered == 1
@@ -162,7 +158,7 @@ def test_remove_after_op_remove(port):
 
 
 def test_remove_of_unregistered_socket_raises(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         reg = Registration(a, 9, 0, OP_REMOVE)
         with pytest.raises(OSError) as info:
@@ -172,7 +168,7 @@ def test_remove_of_unregistered_socket_raises(port):
 
 
 def test_disable_then_enable(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         port.process([Registration(a, 10, EVENT_IN, trigger=PERSISTENT)], timeout=0)
         port.process([Registration(a, 10, EVENT_IN, OP_DISABLE)], timeout=0)
@@ -196,14 +192,14 @@ def test_post_wakes_waiter_in_another_thread(port):
 
 def test_several_threads_share_one_port_oneshot(port):
     """LEVEL|ONESHOT on one port: each readiness goes to exactly one thread."""
-    pairs = [pair() for _ in range(20)]
+    pairs = [nonblocking_pair() for _ in range(20)]
     seen = []
     lock = threading.Lock()
     stop_key = 10_000
 
     def worker():
         while True:
-            for key, events in port.process(timeout=5):
+            for key, _events in port.process(timeout=5):
                 if key == stop_key:
                     port.post(stop_key)  # relay the exit to the next thread
                     return
@@ -257,7 +253,7 @@ def test_timeout_none_waits_forever_until_post(port):
 
 
 def test_two_thousand_sockets_registered_at_once(port):
-    pairs = [pair() for _ in range(1000)]
+    pairs = [nonblocking_pair() for _ in range(1000)]
     try:
         socks = [s for p in pairs for s in p]
         regs = [Registration(s, i, EVENT_OUT) for i, s in enumerate(socks)]
@@ -282,14 +278,14 @@ def test_closed_and_reused_fd_gets_no_stale_notification(port):
     """A socket closed while a notification is queued for it; its handle
     value reused by a new registration: the old key never comes out."""
     for attempt in range(20):
-        a, b = pair()
+        a, b = nonblocking_pair()
         b.send(b"x")
         port.process([Registration(a, 1000 + attempt, EVENT_IN, trigger=PERSISTENT)], timeout=0)
         time.sleep(0.01)   # the readiness is now queued on the port
         old_fd = a.fileno()
         a.close()
         b.close()
-        c, d = pair()
+        c, d = nonblocking_pair()
         with c, d:
             if c.fileno() != old_fd and d.fileno() != old_fd:
                 continue
@@ -304,7 +300,7 @@ def test_closed_and_reused_fd_gets_no_stale_notification(port):
 
 
 def test_notifications_survive_a_failed_registration(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         assert port.process([Registration(a, 11, EVENT_IN)], timeout=0) == []
         b.send(b"x")
@@ -323,7 +319,7 @@ def test_notifications_survive_a_failed_registration(port):
 # -- bad input --------------------------------------------------------------
 
 def test_closed_socket_object_is_value_error(port):
-    a, b = pair()
+    a, b = nonblocking_pair()
     a.close()
     b.close()
     with pytest.raises(ValueError):
@@ -355,7 +351,7 @@ def test_unopened_fd_raises_oserror(port):
     ("trigger", TRIGGER_LEVEL | TRIGGER_EDGE), ("key", -1), ("key", 1 << 64), ("key", "k"),
 ])
 def test_unknown_flags_are_value_errors(port, field, value):
-    a, b = pair()
+    a, b = nonblocking_pair()
     with a, b:
         reg = Registration(a, 1, EVENT_IN)
         setattr(reg, field, value)
@@ -426,7 +422,7 @@ def test_environment_variable_forces_backend(monkeypatch):
 
 
 def test_max_events_limits_each_call(port):
-    pairs = [pair() for _ in range(10)]
+    pairs = [nonblocking_pair() for _ in range(10)]
     try:
         port.process([Registration(a, i, EVENT_OUT, trigger=PERSISTENT)
                       for i, (a, _) in enumerate(pairs)], timeout=0)

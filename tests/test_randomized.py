@@ -18,33 +18,44 @@
 
 CI runs a bounded, derandomized profile (a few seconds). A long run on
 demand: ``SOCKNOTIFY_RANDOMIZED_STEPS=100000 pytest tests/test_randomized.py``
-(random seeds; hypothesis prints the failing sequence).
+(randomized; hypothesis prints the failing sequence).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import selectors
 import socket
 import struct
-import sys
 import time
 
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
+from _platform import LINUX, WINDOWS  # noqa: E402
+from _sockets import fill_send_buffer, tcp_pair  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
 from socknotify_loop import port as port_module  # noqa: E402
-from socknotify_loop.port import (EVENT_HANGUP, EVENT_IN, EVENT_OUT, EVENT_REMOVE,  # noqa: E402
-                                  OP_DISABLE, OP_ENABLE, OP_REMOVE, TRIGGER_LEVEL,
-                                  TRIGGER_ONESHOT, TRIGGER_PERSISTENT, Port, Registration)
+from socknotify_loop.port import (  # noqa: E402
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_OUT,
+    EVENT_REMOVE,
+    OP_DISABLE,
+    OP_ENABLE,
+    OP_REMOVE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
+)
 from socknotify_loop.selector import NotifySelector  # noqa: E402
 
-WINDOWS = sys.platform == "win32"
-LINUX = sys.platform.startswith("linux")
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 POOL = 50               # socket pairs per machine
@@ -69,20 +80,13 @@ def _reference_selector():
     return selectors.SelectSelector()
 
 
-def _tcp_pair():
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        a = socket.create_connection(server.getsockname())
-        b, _ = server.accept()
-    return a, b
-
-
 class _Slot:
     """One socket pair: ``a`` is what gets registered, ``b`` its peer."""
 
     def __init__(self, tcp: bool) -> None:
         self.tcp = tcp
         if tcp or WINDOWS:
-            self.a, self.b = _tcp_pair()
+            self.a, self.b = tcp_pair()
         else:
             self.a, self.b = socket.socketpair()
         for s in (self.a, self.b):
@@ -101,14 +105,9 @@ class _Slot:
 
 
 def _fill(sock) -> None:
-    chunk = b"f" * 16384
-    for _ in range(512):    # bounded: 8 MiB at most
-        try:
-            sock.send(chunk)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            return
+    # Any error ends it too: the peer may have reset or closed.
+    with contextlib.suppress(OSError):
+        fill_send_buffer(sock, chunk=16384, limit=8 << 20)
 
 
 def _drain(sock) -> None:
@@ -164,7 +163,8 @@ class SelectorVersusReference(RuleBasedStateMachine):
     def _both(self, name, *args):
         got = _outcome(lambda: getattr(self.ours, name)(*args))
         want = _outcome(lambda: getattr(self.ref, name)(*args))
-        assert got == want, f"{name}{args!r}: NotifySelector {got}, {type(self.ref).__name__} {want}"
+        reference = type(self.ref).__name__
+        assert got == want, f"{name}{args!r}: NotifySelector {got}, {reference} {want}"
 
     # -- registrations --------------------------------------------------------
 

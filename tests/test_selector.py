@@ -432,7 +432,7 @@ def test_many_sockets(selector):
         seen = set()
         deadline = time.monotonic() + 5
         while len(seen) < len(pairs[::3]) and time.monotonic() < deadline:
-            for key, mask in selector.select(1):
+            for key, _mask in selector.select(1):
                 key.fileobj.recv(1)
                 seen.add(key.fd)
         assert seen == {reader.fileno() for reader, _ in pairs[::3]}

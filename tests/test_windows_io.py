@@ -68,6 +68,7 @@ def test_io_completion_is_never_taken_for_a_socket():
     completion (EVENT_IO), not readiness of that socket: the core keeps the
     two apart, and select() hands the completion to io_completions."""
     import ctypes
+
     from socknotify_loop.port import IO_COMPLETION_KEY
     post = ctypes.windll.kernel32.PostQueuedCompletionStatus
     post.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p]
@@ -219,7 +220,7 @@ def test_connect_read_and_write_pipe(loop):
 
 @windows_only
 def test_named_pipe_server_and_client(loop):
-    address = r"\\.\pipe\socknotify_loop_test_%d" % id(loop)
+    address = rf"\\.\pipe\socknotify_loop_test_{id(loop)}"
 
     lost = []
 
@@ -242,7 +243,7 @@ def test_named_pipe_server_and_client(loop):
         for word in (b"one", b"two", b"three"):
             stream = asyncio.StreamReader()
             transport, _ = await loop.create_pipe_connection(
-                lambda: asyncio.StreamReaderProtocol(stream), address)
+                lambda stream=stream: asyncio.StreamReaderProtocol(stream), address)
             transport.write(word)
             answers.append(await stream.readexactly(len(word)))
             transport.close()

@@ -64,7 +64,8 @@ def check_sdist(sdist: str) -> None:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     required = ["LICENSE", "pyproject.toml", "setup.py", "socknotify_loop/_build.py",
                 "socknotify_loop/_core/socknotify.h", "socknotify_loop/_version.py",
-                "tests/_platform.py", "tests/_testbase.py", "examples/asyncio_echo.py"]
+                "tests/conftest.py", "tests/_platform.py", "tests/_sockets.py",
+                "tests/_testbase.py", "tests/servers.py", "examples/asyncio_echo.py"]
     missing = [name for name in required if name not in names]
     if missing:
         fail(f"the sdist lacks {missing}")

@@ -5,9 +5,10 @@ Installs tox if it is missing, makes the pyenv Pythons 3.9-3.13 visible to it
 (PYENV_VERSION lists every installed one, so the shims resolve python3.X),
 installs Debian's pypy3 and pypy3-dev (as root, with apt-get) when the
 pypy3 environment will run and they are missing, then runs tox's whole
-envlist: Linux tests on each Python and on PyPy, the sanitizer run, the
-sdist-to-wheel check, and the Wine suites (which install Wine, mingw-w64 and the Windows Pythons
-themselves). Exits with tox's status.
+envlist: the linters (ruff, mypy), Linux tests on each Python and on PyPy,
+the sanitizer run, the sdist-to-wheel check, and the Wine suites (which
+install Wine, mingw-w64 and the Windows Pythons themselves). Exits with
+tox's status.
 """
 import os
 import shutil
@@ -23,7 +24,7 @@ def pyenv_versions():
     wanted = ("3.9.", "3.10.", "3.11.", "3.12.", "3.13.")
     found = sorted(v for v in os.listdir(versions) if v.startswith(wanted))
     # The running Python first, so plain `python` stays what it was.
-    current = "%d.%d.%d" % sys.version_info[:3]
+    current = "{}.{}.{}".format(*sys.version_info[:3])
     return sorted(found, key=lambda v: v != current)
 
 

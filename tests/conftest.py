@@ -1,0 +1,28 @@
+"""Fixtures shared by the test modules (tests/conformance has its own)."""
+from __future__ import annotations
+
+import pytest
+import servers
+
+from socknotify_loop import port as port_module
+
+# Every backend is a parameter; one this machine lacks is skipped with the
+# core's reason (e.g. psn under Wine and on Windows 10: "ProcessSocket-
+# Notifications not exported by ws2_32"), so the report shows what did not run.
+ALL_BACKENDS = [
+    pytest.param(name, marks=pytest.mark.skipif(
+        not ok, reason=f"backend {name!r} unavailable: {why}"))
+    for name, (ok, why) in port_module.available_backends().items()
+]
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each backend's name in turn (the unavailable ones skipped)."""
+    return request.param
+
+
+# Session fixtures: a PostgreSQL and a redis-server started for this run, or
+# the addresses tools/wine (or the developer) put in the environment.
+pg_dsn = servers.server_fixture(servers.PG_DSN_VAR, servers.postgres_server, "PostgreSQL")
+redis_url = servers.server_fixture(servers.REDIS_URL_VAR, servers.redis_server, "Redis")
