@@ -73,7 +73,10 @@ async def _cancel(tasks) -> None:
 
 # -- streams ------------------------------------------------------------------
 
-async def _echo_streams(reader, writer, size=len(PAYLOAD)):
+PAYLOAD_SIZE = len(PAYLOAD)
+
+
+async def _echo_streams(reader, writer, size=PAYLOAD_SIZE):
     """Server side: echo fixed-size messages until the peer goes away."""
     try:
         while True:

@@ -216,7 +216,8 @@ def instruction_table(section: dict) -> list[str]:
                          if "per_round_trip" in r else f"failed: {r['error']}")
         mine, theirs = per_loop.get("socknotify", {}), per_loop.get("asyncio", {})
         if "per_round_trip" in mine and "per_round_trip" in theirs:
-            cells.append(f"{mine['per_round_trip'] / theirs['per_round_trip']:.2f}x the instructions")
+            share = mine['per_round_trip'] / theirs['per_round_trip']
+            cells.append(f"{share:.2f}x the instructions")
         else:
             cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")

@@ -88,7 +88,8 @@ class Progress:
             outcome = f"failed: {record['error'][:70]}"
         else:
             outcome = record.get("skipped", "")
-        sys.stderr.write(f"[{self.done:>3}/{max(self.total, self.done)} {elapsed // 60:>2}:{elapsed % 60:02}] "
+        total = max(self.total, self.done)
+        sys.stderr.write(f"[{self.done:>3}/{total} {elapsed // 60:>2}:{elapsed % 60:02}] "
                          f"{label:<44} {outcome}\n")
         sys.stderr.flush()
 

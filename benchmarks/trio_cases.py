@@ -8,13 +8,11 @@ messages, same counting, same warm-up and measured window.
 from __future__ import annotations
 
 import gc
-from functools import partial
 import time
+from functools import partial
 
 import trio
-
-from cases import (BIG, HOST, PAYLOAD, _memory_reading, _per_connection, close_pairs,
-                   socket_pairs)
+from cases import BIG, HOST, PAYLOAD, _memory_reading, _per_connection, close_pairs, socket_pairs
 
 
 class Counter:

@@ -61,5 +61,6 @@ def stop_wineserver(version: str) -> None:
     """End this version's wineserver, so none lingers between runs."""
     server = shutil.which("wineserver") or "/usr/lib/wine/wineserver64"
     if os.path.exists(server):
-        subprocess.run([server, "-k"], check=False, env=wine_env(version), stderr=subprocess.DEVNULL)
-        subprocess.run([server, "-w"], check=False, env=wine_env(version), stderr=subprocess.DEVNULL)
+        env = wine_env(version)
+        subprocess.run([server, "-k"], check=False, env=env, stderr=subprocess.DEVNULL)
+        subprocess.run([server, "-w"], check=False, env=env, stderr=subprocess.DEVNULL)
