@@ -413,6 +413,53 @@ class _TestWakeups:
         self.addCleanup(timer.join)
         self.assertEqual(self.run_loop(got, timeout=10), "usr2")
 
+    def test_io_is_not_starved_by_callbacks_that_reschedule(self):
+        """A callback that always schedules itself again keeps the ready
+        queue non-empty forever: a readable socket's reader still runs
+        within a few iterations (the loop may skip a zero-timeout poll, but
+        never two in a row)."""
+        loop = self.loop
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        a.setblocking(False)
+        spins = [0]
+        read_at = loop.create_future()
+
+        def spin():
+            spins[0] += 1
+            if not read_at.done() and spins[0] < 10_000:
+                loop.call_soon(spin)
+
+        def on_readable():
+            loop.remove_reader(a)
+            read_at.set_result(spins[0])
+
+        async def main():
+            loop.add_reader(a, on_readable)
+            await asyncio.sleep(0)
+            loop.call_soon(spin)
+            start = spins[0]
+            b.send(b"x")
+            return await read_at - start
+
+        self.assertLessEqual(self.run_loop(main(), timeout=10), 4)
+
+    def test_io_ready_before_stop_is_handled_before_run_returns(self):
+        """run_until_complete on a future a reader completes, with the
+        data already sent: the reader runs, the loop returns."""
+        loop = self.loop
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        a.setblocking(False)
+        for _ in range(3):
+            got = loop.create_future()
+            loop.add_reader(a, lambda got=got: got.done() or got.set_result(a.recv(10)))
+            b.send(b"ping")
+            self.assertEqual(self.run_loop(got, timeout=10), b"ping")
+            loop.remove_reader(a)
+
 
 class TestNotifyWakeups(_TestWakeups, NotifyTestCase):
     pass
