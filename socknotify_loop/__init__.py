@@ -15,18 +15,38 @@ warn on Python 3.14+, where asyncio deprecates policies.
 Layers: :class:`Port` (the C core) -> :class:`NotifySelector` ->
 :class:`Loop`. Importing the package loads only the port; the selector and
 the loop (and asyncio) are imported on first use.
+
+``Loop`` is the platform's loop class, picked in one place
+(:func:`_loop_class`): on Windows ``socknotify_loop._windows_io.WindowsLoop``
+(pipes, subprocesses and wake-ups as overlapped I/O on the same port),
+elsewhere the portable ``socknotify_loop.loop.Loop`` it subclasses.
 """
 from __future__ import annotations
 
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._version import __version__
-from .port import (EVENT_ERR, EVENT_HANGUP, EVENT_IN, EVENT_OUT, EVENT_REMOVE,
-                   OP_DISABLE, OP_ENABLE, OP_NONE, OP_REMOVE, TRIGGER_EDGE,
-                   TRIGGER_LEVEL, TRIGGER_ONESHOT, TRIGGER_PERSISTENT, Port,
-                   Registration, backend_info)
+from .port import (
+    EVENT_ERR,
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_OUT,
+    EVENT_REMOVE,
+    OP_DISABLE,
+    OP_ENABLE,
+    OP_NONE,
+    OP_REMOVE,
+    TRIGGER_EDGE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
+    backend_info,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     import asyncio
@@ -34,7 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from .loop import Loop
     from .selector import NotifySelector
 
-__all__ = [
+# In the API reference's order (tools/apidoc.py follows it).
+__all__ = [  # noqa: RUF022
     "Loop", "new_event_loop", "run", "NotifySelector", "Port", "Registration",
     "backend_info",
     "EVENT_IN", "EVENT_OUT", "EVENT_HANGUP", "EVENT_ERR", "EVENT_REMOVE",
@@ -49,19 +70,30 @@ _T = TypeVar("_T")
 # is how most programs pick their loop, so it must work without a warning.
 _POLICIES_DEPRECATED = sys.version_info >= (3, 14)
 
-# Served by __getattr__ on first use: module name and attribute.
-_LAZY = {"Loop": (".loop", "Loop"), "NotifySelector": (".selector", "NotifySelector")}
+# Served by __getattr__ on first use: module name and attribute ("Loop"
+# is served by _loop_class()).
+_LAZY = {"NotifySelector": (".selector", "NotifySelector")}
 _DEPRECATED = ("EventLoopPolicy", "install")
 
 
-def new_event_loop() -> "Loop":
+def _loop_class() -> type[Loop]:
+    """The class ``socknotify_loop.Loop`` names on this platform: the one
+    place that chooses it (``new_event_loop``, the policy and the launcher
+    all come here)."""
+    if sys.platform == "win32":
+        from ._windows_io import WindowsLoop
+        return WindowsLoop
+    from .loop import Loop
+    return Loop
+
+
+def new_event_loop() -> Loop:
     """A new :class:`Loop`: the loop factory for ``asyncio.Runner``,
     ``asyncio.run(loop_factory=...)``, uvicorn's ``--loop`` and anyio."""
-    from .loop import Loop
-    return Loop()
+    return _loop_class()()
 
 
-def run(main: Awaitable[_T], *, debug: Optional[bool] = None, **run_kwargs: Any) -> _T:
+def run(main: Coroutine[Any, Any, _T], *, debug: bool | None = None, **run_kwargs: Any) -> _T:
     """Run coroutine ``main`` on a new :class:`Loop`, like :func:`asyncio.run`.
 
     On Python 3.12+ this is ``asyncio.run(main, loop_factory=new_event_loop,
@@ -88,8 +120,8 @@ def run(main: Awaitable[_T], *, debug: Optional[bool] = None, **run_kwargs: Any)
     return _run_before_runner(main, debug, loop_factory)
 
 
-def _run_before_runner(main: Awaitable[_T], debug: Optional[bool],
-                       loop_factory: Callable[[], "asyncio.AbstractEventLoop"]) -> _T:
+def _run_before_runner(main: Coroutine[Any, Any, _T], debug: bool | None,
+                       loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> _T:
     """asyncio.run's steps on Python 3.9/3.10, which has no loop factory."""
     import asyncio
 
@@ -113,7 +145,7 @@ def _run_before_runner(main: Awaitable[_T], debug: Optional[bool],
             loop.close()
 
 
-def _cancel_leftover_tasks(loop: "asyncio.AbstractEventLoop") -> None:
+def _cancel_leftover_tasks(loop: asyncio.AbstractEventLoop) -> None:
     """Cancel the tasks main() left behind and wait for them, reporting
     their exceptions to the loop's handler (what asyncio.run does)."""
     import asyncio
@@ -149,6 +181,10 @@ def _deprecated_policy_api(name: str) -> Any:
 def __getattr__(name: str) -> Any:
     """Serve the loop and selector lazily, and the policy API with a
     DeprecationWarning on Python 3.14+."""
+    if name == "Loop":
+        value: Any = _loop_class()
+        globals()[name] = value   # later lookups skip __getattr__
+        return value
     if name in _LAZY:
         import importlib
         module_name, attribute = _LAZY[name]
@@ -160,5 +196,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> list:
-    return sorted(set(globals()) | set(_LAZY) | set(_DEPRECATED))
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"Loop"} | set(_LAZY) | set(_DEPRECATED))

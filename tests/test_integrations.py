@@ -22,7 +22,8 @@ import socknotify_loop
 # Subprocesses import the same copy of the package as the tests (the source
 # tree here, the installed wheel under Wine).
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(socknotify_loop.__file__)))
-OURS = "socknotify_loop.loop.Loop"
+# The platform's loop class (socknotify_loop.Loop), as a running loop names it.
+OURS = f"{socknotify_loop.Loop.__module__}.{socknotify_loop.Loop.__qualname__}"
 
 # Warnings are errors here, and in the uvicorn server (-W error).
 pytestmark = pytest.mark.filterwarnings("error")

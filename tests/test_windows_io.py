@@ -66,7 +66,8 @@ def run(loop, coro, timeout=60):
 def test_io_completion_is_never_taken_for_a_socket():
     """An OVERLAPPED address that equals a registration's slot is an I/O
     completion (EVENT_IO), not readiness of that socket: the core keeps the
-    two apart, and select() hands the completion to io_completions."""
+    two apart, and select() hands the completion to the selector's
+    io_completion_handler (and raises without one: nobody would finish it)."""
     import ctypes
     from socknotify_loop.port import IO_COMPLETION_KEY
     post = ctypes.windll.kernel32.PostQueuedCompletionStatus
@@ -77,8 +78,13 @@ def test_io_completion_is_never_taken_for_a_socket():
         key = selector.register(a, 1)   # EVENT_READ
         slot = selector._records[key.fd].slot
         assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, slot)
+        with pytest.raises(RuntimeError, match="io_completion_handler"):
+            selector.select(1)
+        completed = []
+        selector.io_completion_handler = completed.extend
+        assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, slot)
         assert selector.select(1) == []
-        assert selector.io_completions == [slot]
+        assert completed == [slot]
         b.send(b"x")
         assert [k.fileobj for k, _ in selector.select(1)] == [a]
     finally:
