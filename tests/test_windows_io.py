@@ -99,6 +99,37 @@ def test_io_completion_is_never_taken_for_a_socket():
 def test_loop_has_a_proactor_on_its_own_port(loop):
     assert loop._proactor._iocp == loop._selector.port.os_handle
     assert isinstance(loop, asyncio.SelectorEventLoop)
+    # The selector's I/O completions go to that proactor, and nowhere else.
+    assert loop._selector.io_completion_handler == loop._proactor.complete
+
+
+@windows_only
+def test_a_cancelled_wait_leaves_the_cache(loop):
+    """wait_for_handle() cancelled: its operation is unregistered, and the
+    loop drops it from the proactor's cache after the next wait, so the
+    cache does not grow and nothing is reported as unexpected."""
+    import _overlapped
+    import _winapi
+    errors = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    event = _overlapped.CreateEvent(None, True, False, None)
+    try:
+        async def main():
+            for _ in range(3):
+                fut = loop._proactor.wait_for_handle(event, 10)
+                await asyncio.sleep(0.02)
+                fut.cancel()
+                await asyncio.gather(fut, return_exceptions=True)
+            for _ in range(100):
+                if loop._proactor.pending == 0:
+                    break
+                await asyncio.sleep(0.01)
+
+        run(loop, main())
+        assert loop._proactor.pending == 0
+        assert errors == []
+    finally:
+        _winapi.CloseHandle(event)
 
 
 @windows_only
@@ -359,10 +390,12 @@ def test_close_cancels_and_drains_pending_reads():
 
         transport = loop.run_until_complete(start())
         proactor = loop._proactor
+        selector = loop._selector
         assert proactor.pending >= 1
         loop.close()
         assert proactor.pending == 0
         assert loop._selector is None
+        assert selector.io_completion_handler is None
         # The loop is gone, so transport.close() cannot schedule anything:
         # the pipe is closed below; the transport just forgets it.
         transport._sock = None
