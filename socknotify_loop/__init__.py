@@ -15,12 +15,18 @@ warn on Python 3.14+, where asyncio deprecates policies.
 Layers: :class:`Port` (the C core) -> :class:`NotifySelector` ->
 :class:`Loop`. Importing the package loads only the port; the selector and
 the loop (and asyncio) are imported on first use.
+
+``Loop`` is the platform's loop class, picked in one place
+(:func:`_loop_class`): on Windows ``socknotify_loop._windows_io.WindowsLoop``
+(pipes, subprocesses and wake-ups as overlapped I/O on the same port),
+elsewhere the portable ``socknotify_loop.loop.Loop`` it subclasses.
 """
 from __future__ import annotations
 
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._version import __version__
 from .port import (
@@ -48,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from .loop import Loop
     from .selector import NotifySelector
 
+# In the API reference's order (tools/apidoc.py follows it).
 __all__ = [
     "Loop", "new_event_loop", "run", "NotifySelector", "Port", "Registration",
     "backend_info",
@@ -63,19 +70,30 @@ _T = TypeVar("_T")
 # is how most programs pick their loop, so it must work without a warning.
 _POLICIES_DEPRECATED = sys.version_info >= (3, 14)
 
-# Served by __getattr__ on first use: module name and attribute.
-_LAZY = {"Loop": (".loop", "Loop"), "NotifySelector": (".selector", "NotifySelector")}
+# Served by __getattr__ on first use: module name and attribute ("Loop"
+# is served by _loop_class()).
+_LAZY = {"NotifySelector": (".selector", "NotifySelector")}
 _DEPRECATED = ("EventLoopPolicy", "install")
+
+
+def _loop_class() -> type[Loop]:
+    """The class ``socknotify_loop.Loop`` names on this platform: the one
+    place that chooses it (``new_event_loop``, the policy and the launcher
+    all come here)."""
+    if sys.platform == "win32":
+        from ._windows_io import WindowsLoop
+        return WindowsLoop
+    from .loop import Loop
+    return Loop
 
 
 def new_event_loop() -> Loop:
     """A new :class:`Loop`: the loop factory for ``asyncio.Runner``,
     ``asyncio.run(loop_factory=...)``, uvicorn's ``--loop`` and anyio."""
-    from .loop import Loop
-    return Loop()
+    return _loop_class()()
 
 
-def run(main: Awaitable[_T], *, debug: Optional[bool] = None, **run_kwargs: Any) -> _T:
+def run(main: Coroutine[Any, Any, _T], *, debug: bool | None = None, **run_kwargs: Any) -> _T:
     """Run coroutine ``main`` on a new :class:`Loop`, like :func:`asyncio.run`.
 
     On Python 3.12+ this is ``asyncio.run(main, loop_factory=new_event_loop,
@@ -102,7 +120,7 @@ def run(main: Awaitable[_T], *, debug: Optional[bool] = None, **run_kwargs: Any)
     return _run_before_runner(main, debug, loop_factory)
 
 
-def _run_before_runner(main: Awaitable[_T], debug: Optional[bool],
+def _run_before_runner(main: Coroutine[Any, Any, _T], debug: bool | None,
                        loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> _T:
     """asyncio.run's steps on Python 3.9/3.10, which has no loop factory."""
     import asyncio
@@ -116,8 +134,7 @@ def _run_before_runner(main: Awaitable[_T], debug: Optional[bool],
         asyncio.set_event_loop(loop)
         if debug is not None:
             loop.set_debug(debug)
-        result: _T = loop.run_until_complete(main)
-        return result
+        return loop.run_until_complete(main)
     finally:
         try:
             _cancel_leftover_tasks(loop)
@@ -164,6 +181,10 @@ def _deprecated_policy_api(name: str) -> Any:
 def __getattr__(name: str) -> Any:
     """Serve the loop and selector lazily, and the policy API with a
     DeprecationWarning on Python 3.14+."""
+    if name == "Loop":
+        value: Any = _loop_class()
+        globals()[name] = value   # later lookups skip __getattr__
+        return value
     if name in _LAZY:
         import importlib
         module_name, attribute = _LAZY[name]
@@ -175,5 +196,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_DEPRECATED))
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"Loop"} | set(_LAZY) | set(_DEPRECATED))

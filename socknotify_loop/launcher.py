@@ -9,7 +9,7 @@
 The program is run with :mod:`runpy` as ``__main__`` with ``sys.argv`` and
 ``sys.path[0]`` set as ``python script.py`` / ``python -m module`` would set
 them. Before it starts, :func:`use_socknotify_loop` puts
-:class:`~socknotify_loop.loop.Loop` under every way the standard library
+:class:`socknotify_loop.Loop` under every way the standard library
 offers to make an event loop (``docs/launcher.md`` lists them, and what
 stays out of reach):
 
@@ -55,11 +55,14 @@ import os
 import platform
 import runpy
 import sys
-from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ._backends import ENVIRONMENT_VARIABLE, backend_from_environment
 
-__all__ = ["main", "use_socknotify_loop", "describe_environment"]
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from .loop import Loop
+
+__all__ = ["describe_environment", "main", "use_socknotify_loop"]
 
 USAGE = """\
 usage: python -m socknotify_loop [--info] [-h] [--version] (script.py | -m module) [args ...]
@@ -105,14 +108,14 @@ More: docs/launcher.md.
 
 # -- the loop factory and the stand-ins for asyncio's loop classes -----------------
 
-def _new_loop() -> Any:
-    """A new Loop. Its selector is made first, so a backend that fails to
+def _new_loop() -> Loop:
+    """A new ``socknotify_loop.Loop``. Its selector is made first, so a backend that fails to
     open raises before a half-built loop exists (whose ``__del__`` would
     print noise about its missing state)."""
-    from .loop import Loop
+    from . import _loop_class
     from .selector import NotifySelector
 
-    return Loop(NotifySelector())
+    return _loop_class()(NotifySelector())
 
 
 class _StandIn:
@@ -162,7 +165,7 @@ class _StandIn:
             return stock(chosen)
         return _new_loop()
 
-    def __mro_entries__(self, bases: Tuple[Any, ...]) -> Tuple[type, ...]:
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         return (self._socknotify_stock,)
 
     def __instancecheck__(self, instance: Any) -> bool:
@@ -174,7 +177,7 @@ class _StandIn:
     def __repr__(self) -> str:
         stock = self._socknotify_stock
         return (f"<class '{stock.__module__}.{stock.__qualname__}' "
-                f"(python -m socknotify_loop: makes socknotify_loop.loop.Loop)>")
+                f"(python -m socknotify_loop: makes socknotify_loop.Loop)>")
 
 
 def _install_stand_ins() -> None:
@@ -193,8 +196,8 @@ def _install_stand_ins() -> None:
     stand_ins = {}
     for name, explicit in (("SelectorEventLoop", "selector"), ("ProactorEventLoop", "proactor")):
         stock = names.get(name)
-        # A stand-in passes isinstance(x, type) (see _StandIn), which mypy
-        # cannot know: to it the identity check looks always true.
+        # (a stand-in passes isinstance(stock, type): its __class__ is the
+        # stock class's metaclass)
         if isinstance(stock, type) and type(stock) is not _StandIn:  # type: ignore[comparison-overlap]
             stand_ins[stock] = _StandIn(stock, explicit)
     # Every public name bound to one of those classes: SelectorEventLoop,
@@ -216,7 +219,7 @@ def _install_stand_ins() -> None:
 
 
 def use_socknotify_loop() -> None:
-    """Make asyncio create :class:`~socknotify_loop.loop.Loop` loops by default
+    """Make asyncio create :class:`socknotify_loop.Loop` loops by default
     and for the loop classes and policies a program names itself (see the
     module docstring for what is covered, and how, per Python version)."""
     import asyncio
@@ -248,7 +251,7 @@ class _ChildSetup:
     target, so the child runs on the launcher's terms too. (Forked
     children inherit the parent's state and need nothing.)"""
 
-    def __reduce__(self) -> Tuple[Callable[[], None], Tuple[()]]:
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
         return _setup_child, ()
 
 
@@ -269,7 +272,7 @@ def _cover_child_processes() -> None:
     if getattr(original, "_socknotify_loop", False):
         return
 
-    def get_preparation_data(name: str) -> Dict[str, Any]:
+    def get_preparation_data(name: str) -> dict[str, Any]:
         data = original(name)
         # multiprocessing's prepare() ignores keys it does not know.
         data["socknotify_loop"] = _ChildSetup()
@@ -289,7 +292,7 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _usable_backend(forced: Optional[str]) -> Dict[str, Any]:
+def _usable_backend(forced: str | None) -> dict[str, Any]:
     """``backend_info`` for the backend a Loop would use, after opening and
     closing a port on it; raises OSError/ValueError/ImportError with the
     reason when no loop can be made."""
@@ -308,7 +311,7 @@ def _forced_suffix() -> str:
     return f" (forced by {ENVIRONMENT_VARIABLE}={value})" if value.strip() else ""
 
 
-def _backend_problem() -> Optional[str]:
+def _backend_problem() -> str | None:
     """None if a Loop can be made here, else why not (one line). Also
     writes the canonical backend name back to ``SOCKNOTIFY_BACKEND``, for
     the port, which reads it again, and for child processes."""
@@ -322,12 +325,12 @@ def _backend_problem() -> Optional[str]:
     return None
 
 
-def _describe() -> Tuple[List[str], bool]:
+def _describe() -> tuple[list[str], bool]:
     """``--info``'s lines, and whether a loop can be made here."""
     from . import __version__
 
     lines = [f"socknotify_loop {__version__}"]
-    available: Dict[str, Tuple[bool, str]] = {}
+    available: dict[str, Any] = {}
     usable = False
     try:
         from .port import available_backends
@@ -361,13 +364,13 @@ def _describe() -> Tuple[List[str], bool]:
     return lines, usable
 
 
-def describe_environment() -> List[str]:
+def describe_environment() -> list[str]:
     """The lines ``--info`` prints: backend and why (or why none can be
     used), OS build, Python."""
     return _describe()[0]
 
 
-def _run_script(path: str, args: List[str]) -> None:
+def _run_script(path: str, args: list[str]) -> None:
     # As `python script.py` does: argv[0] is the path as given and the
     # script's directory comes first on sys.path, replacing ours.
     sys.argv[:] = [path, *args]
@@ -388,11 +391,11 @@ def _raised_by_module_lookup(exc: ImportError) -> bool:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    lookup: Any = getattr(runpy, "_get_module_details", None)
+    lookup: Callable[..., Any] = getattr(runpy, "_get_module_details", None)  # type: ignore[assignment]
     return lookup is not None and tb.tb_frame.f_code is lookup.__code__
 
 
-def _run_module(module: str, args: List[str]) -> int:
+def _run_module(module: str, args: list[str]) -> int:
     # As `python -m module` does: the current directory stays sys.path[0]
     # (it already is, since we were started with -m), and runpy sets
     # sys.argv[0] to the module's file.
@@ -413,7 +416,7 @@ def _refuse(problem: str) -> int:
     return 1
 
 
-def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     """The command line; returns the exit status (the program's own
     ``SystemExit`` propagates, as it would without the launcher)."""
     args = list(sys.argv[1:] if argv is None else argv)

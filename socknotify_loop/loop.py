@@ -8,21 +8,12 @@ which libraries check before using ``add_reader``/``add_writer`` (aiodns,
 psycopg, pyzmq), and keeps every transport, server and ``sock_*`` method
 asyncio's own.
 
-On Windows ``asyncio.SelectorEventLoop`` is ``_WindowsSelectorEventLoop``;
-this subclasses it just the same. What Windows adds is Ctrl+C: the wait
-happens inside the C core with the GIL released, and CPython runs Python
-signal handlers only in the main thread between bytecodes, so a
-KeyboardInterrupt would wait for the next event. ``run_forever`` therefore
-points ``signal.set_wakeup_fd`` at the loop's self-pipe socket, as
-asyncio's ProactorEventLoop does: the C-level handler writes a byte, the
-port reports the self-pipe readable, ``select()`` returns and the handler
-runs. On POSIX, asyncio already does this in ``add_signal_handler``.
-
-Windows also gets what only ProactorEventLoop had: subprocesses, pipes and
-named pipes, as overlapped I/O completing on the same port
-(:mod:`socknotify_loop._windows_io`), and ``call_soon_threadsafe`` wakes
-the loop with a packet posted to the port rather than a byte through the
-self-pipe (which stays, for the signal wakeup fd).
+This module is portable: the same class runs on every platform and knows
+nothing of any. On Windows ``socknotify_loop.Loop`` is a subclass of it
+(:class:`socknotify_loop._windows_io.WindowsLoop`) that adds pipes,
+subprocesses and named pipes as overlapped I/O on the same port, wakes the
+loop with packets posted to the port, and lets Ctrl+C through;
+``socknotify_loop/__init__.py`` is the one place that picks the class.
 
 The iteration. asyncio's ``_run_once`` asks the selector for a list of
 ``(key, mask)`` tuples and hands it to ``_process_events``, which looks the
@@ -49,18 +40,23 @@ stock iteration. On other Python versions the stock methods are used.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import heapq
 import inspect
-import signal
 import sys
-import threading
 import warnings
 from asyncio import base_events, events, format_helpers
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from .port import lib as _lib
+from .port import lib as _lib  # type: ignore[attr-defined]  # not in port.__all__
 from .selector import NotifySelector
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from typing_extensions import TypeVarTuple, Unpack
+
+    _Ts = TypeVarTuple("_Ts")
 
 _select = _lib.sn_port_select
 _PAIRS = 0xFFFFFFFF
@@ -69,12 +65,15 @@ _new_object = object.__new__
 _copy_context = contextvars.copy_context
 # Handles whose _run is asyncio's own, which the iteration runs inline;
 # any other class (a subclass with its own _run) is run through _run().
-_PLAIN_HANDLES = (events.Handle, events.TimerHandle)
+_PLAIN_HANDLES: Any = (events.Handle, events.TimerHandle)   # Any: no narrowing
 _heappop = heapq.heappop
-_MAXIMUM_SELECT_TIMEOUT = base_events.MAXIMUM_SELECT_TIMEOUT
-_MIN_SCHEDULED_TIMER_HANDLES = base_events._MIN_SCHEDULED_TIMER_HANDLES
-_MIN_CANCELLED_TIMER_HANDLES_FRACTION = base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION
-_MAX_WAIT_MS = 0x7FFFFFFF
+# asyncio's private constants and helpers, which typeshed does not declare.
+_base_events: Any = base_events
+_MAXIMUM_SELECT_TIMEOUT: float = _base_events.MAXIMUM_SELECT_TIMEOUT
+_MIN_SCHEDULED_TIMER_HANDLES: int = _base_events._MIN_SCHEDULED_TIMER_HANDLES
+_MIN_CANCELLED_TIMER_HANDLES_FRACTION: float = (
+    _base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION)
+_format_callback_source: Any = format_helpers._format_callback_source
 
 # The Python versions whose stock _run_once, _process_events, call_soon,
 # _call_soon, Handle.__init__ and Handle._run this module's versions were
@@ -84,34 +83,31 @@ _FAST_PATH = (3, 9) <= sys.version_info[:2] <= (3, 13)
 
 
 # Python 3.13 (and later 3.12 releases) format callbacks with a debug flag.
-_FORMAT_TAKES_DEBUG = "debug" in inspect.signature(
-    format_helpers._format_callback_source).parameters
+_FORMAT_TAKES_DEBUG = "debug" in inspect.signature(_format_callback_source).parameters
 
 
-def _callback_failed(handle: events.Handle, exc: BaseException) -> None:
-    """What asyncio's Handle._run does when its callback raises."""
+def _callback_failed(handle: Any, exc: BaseException) -> None:
+    """What asyncio's Handle._run does when its callback raises.
+
+    ``handle`` is an :class:`asyncio.Handle`, typed ``Any`` because its
+    private attributes are not in typeshed.
+    """
     if _FORMAT_TAKES_DEBUG:
-        source = format_helpers._format_callback_source(
+        source = _format_callback_source(
             handle._callback, handle._args, debug=handle._loop.get_debug())
     else:
-        source = format_helpers._format_callback_source(handle._callback, handle._args)
-    context = {"message": f"Exception in callback {source}", "exception": exc,
-               "handle": handle}
+        source = _format_callback_source(handle._callback, handle._args)
+    context: dict[str, Any] = {"message": f"Exception in callback {source}",
+                               "exception": exc, "handle": handle}
     if handle._source_traceback:
         context["source_traceback"] = handle._source_traceback
     handle._loop.call_exception_handler(context)
 
-if sys.platform == "win32":
-    # Pipes, subprocesses and port wake-ups: overlapped I/O on the same port.
-    from ._windows_io import OverlappedIOMixin
-    _LOOP_BASES: tuple = (OverlappedIOMixin, asyncio.SelectorEventLoop)
-else:
-    _LOOP_BASES = (asyncio.SelectorEventLoop,)
 
 __all__ = ["Loop"]
 
 
-class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
+class Loop(asyncio.SelectorEventLoop):
     """An asyncio event loop on socket state notifications.
 
     A :class:`asyncio.SelectorEventLoop` whose selector is a
@@ -119,18 +115,29 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
     its registration changes and re-arms, and waits, in one port call.
     ``selector`` may be given (e.g. ``NotifySelector(backend="afd")``);
     by default one is made on the best backend available.
+
+    On Windows ``socknotify_loop.Loop`` is a subclass of this portable
+    class that adds subprocesses, pipes and named pipes on the same port.
     """
 
-    if sys.platform != "win32":
-        #: Called right after each wait on the port; the Windows loop's
-        #: (OverlappedIOMixin._after_wait) completes overlapped I/O there.
-        _after_wait: Optional[Callable[[], None]] = None
+    # asyncio's private state that this class reads, declared for type
+    # checkers only (typeshed leaves it out; no runtime cost).
+    _selector: NotifySelector
+    _ready: collections.deque[Any]
+    _scheduled: list[Any]
+    _timer_cancelled_count: int
+    _clock_resolution: float
+    _stopping: bool
+    _closed: bool
+    _debug: bool
+    _remove_reader: Callable[[Any], bool]
+    _remove_writer: Callable[[Any], bool]
 
     #: Whether the last iteration waited on the port (the fast path skips
     #: the zero-timeout poll of the iteration after one that did).
     _polled = False
 
-    def __init__(self, selector: Optional[NotifySelector] = None) -> None:
+    def __init__(self, selector: NotifySelector | None = None) -> None:
         if selector is None:
             try:
                 selector = NotifySelector()
@@ -142,17 +149,16 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
         elif not isinstance(selector, NotifySelector):
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
         super().__init__(selector)
-        if sys.platform == "win32":
-            self._start_overlapped_io()
 
     @property
     def backend(self) -> str:
         """The notification backend: ``'epoll'``, ``'psn'`` or ``'afd'``."""
-        return self._selector.backend  # type: ignore[attr-defined]
+        return self._selector.backend
 
     if _FAST_PATH:
-        def call_soon(self, callback: Callable[..., Any], *args: Any,
-                      context: Any = None) -> events.Handle:
+        def call_soon(self, callback: Callable[[Unpack[_Ts]], object],
+                      *args: Unpack[_Ts],
+                      context: contextvars.Context | None = None) -> events.Handle:
             """Arrange for ``callback(*args)`` to be called soon (FIFO)."""
             if self._debug:
                 # Thread and callback checks, source tracebacks.
@@ -162,7 +168,7 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
             # Handle.__init__ without its two call frames (itself and
             # loop.get_debug()): the same slots, the same values as with
             # debug off.
-            handle = _new_object(_Handle)
+            handle: Any = _new_object(_Handle)
             handle._context = _copy_context() if context is None else context
             handle._loop = self
             handle._callback = callback
@@ -171,13 +177,15 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
             handle._repr = None
             handle._source_traceback = None
             self._ready.append(handle)
-            return handle
+            return handle  # type: ignore[no-any-return]  # a Handle, typed Any above
 
         def _run_once(self) -> None:
             """One iteration: run timers due, wait on the port, queue the
             ready handles, run what is ready (see the module docstring)."""
             if self._debug:
-                return super()._run_once()  # type: ignore[misc]
+                super()._run_once()  # type: ignore[misc]  # not in typeshed
+                return
+            handle: Any   # a Handle or TimerHandle, private attributes and all
             scheduled = self._scheduled
             sched_count = len(scheduled) if scheduled else 0
             if (sched_count > _MIN_SCHEDULED_TIMER_HANDLES and
@@ -211,7 +219,7 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
                     wait_ms = 0
                 elif scheduled:
                     timeout = scheduled[0]._when - self.time()
-                    if timeout > _MAXIMUM_SELECT_TIMEOUT:
+                    if timeout > _MAXIMUM_SELECT_TIMEOUT:  # not min(): a call
                         timeout = _MAXIMUM_SELECT_TIMEOUT
                     # Rounded up, as the selectors round: never wake early.
                     wait_ms = -int(-timeout * 1000.0 // 1) if timeout > 0 else 0
@@ -249,8 +257,6 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
                             ready.append(writer)
             elif got < 0:
                 self._selector._raise_for(got)
-            if self._after_wait is not None:
-                self._after_wait()
 
             # Timers that are due.
             if scheduled:
@@ -276,30 +282,11 @@ class Loop(*_LOOP_BASES):  # type: ignore[misc, valid-type]
                         handle._context.run(handle._callback, *handle._args)
                     except (SystemExit, KeyboardInterrupt):
                         raise
-                    except BaseException as exc:
+                    except BaseException as exc:  # as Handle._run does
                         _callback_failed(handle, exc)
                 else:
                     handle._run()
             handle = None  # break cycles when an exception occurs
-
-    if sys.platform == "win32":
-        def run_forever(self) -> None:
-            """Run until stop(); Ctrl+C wakes the port through the self-pipe."""
-            wakeup_set = False
-            if (threading.current_thread() is threading.main_thread()
-                    and getattr(self, "_csock", None) is not None):
-                try:
-                    previous = signal.set_wakeup_fd(self._csock.fileno())
-                    wakeup_set = True
-                except (ValueError, OSError):
-                    # Another thread's loop or a non-main interpreter:
-                    # signals cannot reach us anyway.
-                    pass
-            try:
-                super().run_forever()
-            finally:
-                if wakeup_set:
-                    signal.set_wakeup_fd(previous)
 
 
 # -- the policy API, for programs that pick their loop through a policy --------
@@ -315,7 +302,8 @@ def _default_policy_class() -> type:
 
 
 class EventLoopPolicy(_default_policy_class()):  # type: ignore[misc]
-    """asyncio's default event loop policy, making :class:`Loop` loops.
+    """asyncio's default event loop policy, making ``socknotify_loop.Loop``
+    loops (the platform's class).
 
     ``asyncio.set_event_loop_policy(EventLoopPolicy())`` makes
     ``asyncio.run``, ``asyncio.new_event_loop`` and ``get_event_loop`` use
@@ -323,8 +311,9 @@ class EventLoopPolicy(_default_policy_class()):  # type: ignore[misc]
     """
 
     def new_event_loop(self) -> Loop:
-        """A new :class:`Loop`."""
-        return Loop()
+        """A new ``socknotify_loop.Loop``."""
+        from . import new_event_loop
+        return new_event_loop()
 
 
 def install() -> None:

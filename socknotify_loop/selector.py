@@ -38,20 +38,45 @@ backends: a socket closed between ``register()`` and the next ``select()``)
 never leaves the wait blocked: it is reported once as ready for the key's
 events, like ``EPOLLERR``, so its owner's callback meets the error in
 ``recv``/``send``; the registration is dropped by the port.
+
+Overlapped I/O completions (Windows only: handles associated with the
+port, see :mod:`socknotify_loop._windows_io`) come out of the same call.
+The selector does not interpret them: it hands their keys (OVERLAPPED
+addresses) to :attr:`NotifySelector.io_completion_handler`, which the
+Windows loop's proactor installs.
 """
 from __future__ import annotations
 
 import selectors
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from time import monotonic as _monotonic
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, NamedTuple
 
-from .port import (EVENT_HANGUP, EVENT_IN, EVENT_OUT, OP_ENABLE, OP_REMOVE, TRIGGER_LEVEL,
-                   TRIGGER_ONESHOT, Change, Port, _os_error, timeout_ms)
+# The ignore is for ffi and lib, the compiled core's objects: port.py
+# imports them without listing them in its __all__, and mypy --strict
+# wants an explicit re-export.
+from .port import (  # type: ignore[attr-defined]
+    _ERROR_BUSY,
+    _ERROR_CLOSED,
+    _ERROR_INTERRUPTED,
+    _REGISTRATION,
+    EVENT_HANGUP,
+    EVENT_IN,
+    EVENT_OUT,
+    OP_ENABLE,
+    OP_REMOVE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    Change,
+    Port,
+    _os_error,
+    ffi,
+    lib,
+    timeout_ms,
+)
 from .port import _fileno as _fileobj_to_fd  # validated as selectors do
-from .port import _ERROR_BUSY, _ERROR_CLOSED, _ERROR_INTERRUPTED, _REGISTRATION, ffi, lib
 
-__all__ = ["NotifySelector", "WAKEUP_KEY"]
+__all__ = ["WAKEUP_KEY", "IOCompletionHandler", "NotifySelector"]
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
@@ -62,8 +87,15 @@ _change_now = lib.sn_port_change
 
 #: A key for ``selector.port.post(WAKEUP_KEY)``: it makes a waiting
 #: select() return (with ``[]`` if nothing else is ready). Any posted key
-#: does; this one is kept for the loop's wake-ups.
+#: does: a posted packet travels under the port's own reserved completion
+#: key with this one beside it, so it can equal any other key
+#: (``socknotify_loop/_core/sn_keys.h`` lists the reserved ones). This one
+#: is kept for the loop's wake-ups.
 WAKEUP_KEY = 0
+
+#: What :attr:`NotifySelector.io_completion_handler` is called with: the
+#: OVERLAPPED addresses of the overlapped I/O completions one wait dequeued.
+IOCompletionHandler = Callable[[list[int]], None]
 
 # Port event filter for each selector mask. HANGUP goes with READ: a
 # reader meets EOF when the peer hangs up. A write-only registration does
@@ -94,12 +126,12 @@ _new_record = tuple.__new__
 _new_change = tuple.__new__
 
 
-class _SelectorMapping(Mapping):
+class _SelectorMapping(Mapping[Any, SelectorKey]):
     """The read-only view returned by :meth:`NotifySelector.get_map`."""
 
     __slots__ = ("_selector",)
 
-    def __init__(self, selector: "NotifySelector") -> None:
+    def __init__(self, selector: NotifySelector) -> None:
         self._selector = selector
 
     def __len__(self) -> int:
@@ -132,24 +164,27 @@ class NotifySelector(selectors.BaseSelector):
     time may be inside :meth:`select` (a second raises RuntimeError).
     """
 
-    def __init__(self, backend: Optional[str] = None) -> None:
+    def __init__(self, backend: str | None = None) -> None:
         self._port = Port(backend)
         self._handle = self._port._handle
         self._at_once = self._port.changes_at_once
         # fd -> _Record: the one record per registration.
-        self._records: Dict[int, _Record] = {}
+        self._records: dict[int, _Record] = {}
         # slot -> SelectorKey (None when free): the hot path's index from
         # the port's answer to the key. Slot 0 is never handed out.
-        self._keys: List[Optional[SelectorKey]] = [None]
-        self._free: List[int] = []
+        self._keys: list[SelectorKey | None] = [None]
+        self._free: list[int] = []
         # Changes for the next select() (completion-port backends only).
-        self._pending: List[Change] = []
-        self._unsent: Set[int] = set()   # slots whose first ENABLE is still queued
-        self._map: Optional[_SelectorMapping] = _SelectorMapping(self)
-        #: Keys (OVERLAPPED addresses) of overlapped I/O completions that
-        #: came out of the port (Windows handles associated with
-        #: ``port.os_handle``); whoever started that I/O drains this list.
-        self.io_completions: List[int] = []
+        self._pending: list[Change] = []
+        self._unsent: set[int] = set()   # slots whose first ENABLE is still queued
+        self._map: _SelectorMapping | None = _SelectorMapping(self)
+        #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
+        #: completions each wait dequeues (Windows handles associated with
+        #: ``port.os_handle``), by whoever started that I/O: the Windows
+        #: loop's proactor installs its own. ``None``: nobody did, and a
+        #: completion arriving anyway makes the select raise RuntimeError
+        #: (its owner would otherwise wait for it forever).
+        self.io_completion_handler: IOCompletionHandler | None = None
         self._room = 0
         self._changes_room = 0
         self._bind(256, 64)
@@ -207,8 +242,9 @@ class NotifySelector(selectors.BaseSelector):
                     return record.key.fd
             raise
 
-    def get_map(self) -> Optional[Mapping]:
-        """A read-only mapping of file objects to keys (None once closed)."""
+    def get_map(self) -> Mapping[Any, SelectorKey] | None:  # type: ignore[override]
+        """A read-only mapping of file objects to keys (None once closed,
+        as with the stdlib selectors, whatever typeshed says)."""
         return self._map
 
     def get_key(self, fileobj: Any) -> SelectorKey:
@@ -361,11 +397,19 @@ class NotifySelector(selectors.BaseSelector):
     # -- the one call ---------------------------------------------------------------
 
     def _io_completed(self, got: int) -> int:
-        """Move the I/O completion keys of a select's answer to
-        :attr:`io_completions`; returns the number of pairs."""
+        """Hand the I/O completion keys of a select's answer (they follow
+        the pairs in the buffer) to :attr:`io_completion_handler`; returns
+        the number of pairs."""
         pairs = got & _PAIRS
+        handler = self.io_completion_handler
+        if handler is None:
+            raise RuntimeError(
+                f"the port dequeued {got >> 32} overlapped I/O completion(s) "
+                "but nothing handles them (NotifySelector.io_completion_handler "
+                "is None: a handle was associated with the port behind the "
+                "loop's back)")
         start = _WORDS_PER_PAIR * pairs
-        self.io_completions.extend(self._out[start:start + (got >> 32)].tolist())
+        handler(self._out[start:start + (got >> 32)].tolist())
         return pairs
 
     def _raise_for(self, got: int) -> None:
@@ -377,11 +421,11 @@ class NotifySelector(selectors.BaseSelector):
     def _wait(self, wait_ms: int) -> int:
         """Apply queued changes and re-arms, wait, and return how many
         (slot, mask) pairs are at the front of ``self._out``. I/O
-        completions go to :attr:`io_completions`; a wait interrupted by a
-        signal before anything arrived returns -1 (the signal's Python
+        completions go to :attr:`io_completion_handler`; a wait interrupted
+        by a signal before anything arrived returns -1 (the signal's Python
         handler runs as soon as Python resumes)."""
         count = self._pack() if self._pending else 0
-        got = lib.sn_port_select(self._handle, count, wait_ms)
+        got: int = lib.sn_port_select(self._handle, count, wait_ms)
         if got > _PAIRS:
             return self._io_completed(got)
         if got < 0:
@@ -390,7 +434,7 @@ class NotifySelector(selectors.BaseSelector):
             self._check(-got)
         return got
 
-    def select(self, timeout: Optional[float] = None) -> List[Tuple[SelectorKey, int]]:
+    def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
         """Apply the recorded changes and re-arms, wait, return ready keys.
 
         ``timeout``: None blocks, ``<= 0`` polls, a positive number of
@@ -406,10 +450,10 @@ class NotifySelector(selectors.BaseSelector):
             return []
         values = self._out[:got * _WORDS_PER_PAIR].tolist()
         keys = self._keys
-        return [(keys[slot], mask) for slot, mask in zip(values[::2], values[1::2])
-                if keys[slot] is not None]
+        return [(key, mask) for slot, mask in zip(values[::2], values[1::2])
+                if (key := keys[slot]) is not None]
 
-    def _wait_again(self, wait_ms: int, deadline: Optional[float]) -> int:
+    def _wait_again(self, wait_ms: int, deadline: float | None) -> int:
         """A signal cut the wait short and its Python handler did not raise:
         wait for the time left, as the stdlib selectors do (PEP 475)."""
         if wait_ms == 0:

@@ -18,7 +18,8 @@ from servers import child_env, need, stop_process
 
 import socknotify_loop
 
-OURS = "socknotify_loop.loop.Loop"
+# The platform's loop class (socknotify_loop.Loop), as a running loop names it.
+OURS = f"{socknotify_loop.Loop.__module__}.{socknotify_loop.Loop.__qualname__}"
 
 # Warnings are errors here, and in the uvicorn server (-W error).
 pytestmark = pytest.mark.filterwarnings("error")

@@ -16,6 +16,8 @@ import time
 import pytest
 from servers import need, run_on_loop, selector_threads
 
+import socknotify_loop
+
 pytestmark = pytest.mark.filterwarnings("error")
 
 
@@ -122,7 +124,8 @@ def test_tornado_http_server_and_client():
                 client.fetch(f"http://127.0.0.1:{port}/?n={i}") for i in range(40)))
             bodies = [json.loads(r.body) for r in responses]
             assert [b["n"] for b in bodies] == list(range(40))
-            assert {b["loop"] for b in bodies} == {"socknotify_loop.loop.Loop"}
+            ours = f"{socknotify_loop.Loop.__module__}.{socknotify_loop.Loop.__qualname__}"
+            assert {b["loop"] for b in bodies} == {ours}
             payload = bytes(range(256)) * 2048  # 512 KiB each way
             response = await client.fetch(f"http://127.0.0.1:{port}/", method="POST",
                                           body=payload, request_timeout=60,

@@ -37,7 +37,8 @@ PROBE = textwrap.dedent("""\
     print("name", __name__)
     """)
 
-OURS = "socknotify_loop.loop.Loop"
+# The platform's loop class (socknotify_loop.Loop), as a running loop names it.
+OURS = f"{socknotify_loop.Loop.__module__}.{socknotify_loop.Loop.__qualname__}"
 
 
 def launch(*args: str, cwd: str, check: bool = True,
@@ -242,7 +243,7 @@ def test_isinstance_checks_answer_for_asyncio_classes(tmp_path):
     out = run_probe(tmp_path, """\
         import selectors
         from asyncio import selector_events
-        from socknotify_loop.loop import Loop
+        from socknotify_loop import Loop
         ours = asyncio.SelectorEventLoop()
         stock = asyncio.SelectorEventLoop(selectors.DefaultSelector())  # explicit selector
         print("ours_is_selector_loop", isinstance(ours, asyncio.SelectorEventLoop))

@@ -547,6 +547,18 @@ async def _running_loop_type():
     return type(asyncio.get_running_loop())
 
 
+def test_loop_is_the_platforms_class():
+    """socknotify_loop.Loop: the Windows subclass on Windows, the portable
+    class elsewhere; every entry point makes that one."""
+    from socknotify_loop import loop as portable
+    if sys.platform == "win32":
+        from socknotify_loop._windows_io import WindowsLoop
+        assert Loop is WindowsLoop
+    else:
+        assert Loop is portable.Loop
+    assert issubclass(Loop, portable.Loop)
+
+
 def test_new_event_loop_returns_a_loop():
     loop = socknotify_loop.new_event_loop()
     try:

@@ -66,7 +66,8 @@ def run(loop, coro, timeout=60):
 def test_io_completion_is_never_taken_for_a_socket():
     """An OVERLAPPED address that equals a registration's slot is an I/O
     completion (EVENT_IO), not readiness of that socket: the core keeps the
-    two apart, and select() hands the completion to io_completions."""
+    two apart, and select() hands the completion to the selector's
+    io_completion_handler (and raises without one: nobody would finish it)."""
     import ctypes
 
     from socknotify_loop.port import IO_COMPLETION_KEY
@@ -78,8 +79,13 @@ def test_io_completion_is_never_taken_for_a_socket():
         key = selector.register(a, 1)   # EVENT_READ
         slot = selector._records[key.fd].slot
         assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, slot)
+        with pytest.raises(RuntimeError, match="io_completion_handler"):
+            selector.select(1)
+        completed = []
+        selector.io_completion_handler = completed.extend
+        assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, slot)
         assert selector.select(1) == []
-        assert selector.io_completions == [slot]
+        assert completed == [slot]
         b.send(b"x")
         assert [k.fileobj for k, _ in selector.select(1)] == [a]
     finally:
@@ -94,6 +100,37 @@ def test_io_completion_is_never_taken_for_a_socket():
 def test_loop_has_a_proactor_on_its_own_port(loop):
     assert loop._proactor._iocp == loop._selector.port.os_handle
     assert isinstance(loop, asyncio.SelectorEventLoop)
+    # The selector's I/O completions go to that proactor, and nowhere else.
+    assert loop._selector.io_completion_handler == loop._proactor.complete
+
+
+@windows_only
+def test_a_cancelled_wait_leaves_the_cache(loop):
+    """wait_for_handle() cancelled: its operation is unregistered, and the
+    loop drops it from the proactor's cache after the next wait, so the
+    cache does not grow and nothing is reported as unexpected."""
+    import _overlapped
+    import _winapi
+    errors = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    event = _overlapped.CreateEvent(None, True, False, None)
+    try:
+        async def main():
+            for _ in range(3):
+                fut = loop._proactor.wait_for_handle(event, 10)
+                await asyncio.sleep(0.02)
+                fut.cancel()
+                await asyncio.gather(fut, return_exceptions=True)
+            for _ in range(100):
+                if loop._proactor.pending == 0:
+                    break
+                await asyncio.sleep(0.01)
+
+        run(loop, main())
+        assert loop._proactor.pending == 0
+        assert errors == []
+    finally:
+        _winapi.CloseHandle(event)
 
 
 @windows_only
@@ -354,10 +391,12 @@ def test_close_cancels_and_drains_pending_reads():
 
         transport = loop.run_until_complete(start())
         proactor = loop._proactor
+        selector = loop._selector
         assert proactor.pending >= 1
         loop.close()
         assert proactor.pending == 0
         assert loop._selector is None
+        assert selector.io_completion_handler is None
         # The loop is gone, so transport.close() cannot schedule anything:
         # the pipe is closed below; the transport just forgets it.
         transport._sock = None

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from socknotify_loop.loop import Loop
+from socknotify_loop import Loop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _created = {}   # module name -> number of our loops created by its tests

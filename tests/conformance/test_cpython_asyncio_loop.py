@@ -6,7 +6,7 @@ returns our loop.
 """
 import unittest
 
-from socknotify_loop.loop import Loop
+from socknotify_loop import Loop
 
 from ._bind import bound_class, cpython_test_module, first_attr
 

@@ -13,7 +13,7 @@ if sys.platform != "win32":
     pytest.skip("Windows overlapped I/O: CPython's Windows pipe and subprocess tests",
                 allow_module_level=True)
 
-from socknotify_loop.loop import Loop  # noqa: E402
+from socknotify_loop import Loop  # noqa: E402
 
 from ._bind import cpython_test_module  # noqa: E402
 
