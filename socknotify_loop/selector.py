@@ -154,10 +154,14 @@ class NotifySelector(selectors.BaseSelector):
     Same contract as the stdlib selectors (``select()`` returns
     ``[(key, mask & key.events)]``; ``None`` blocks, ``<= 0`` polls, a
     positive timeout is rounded up to milliseconds; ERR wakes both
-    directions; unregistering a closed socket does not raise). Changes are
-    applied at once on epoll and with the next :meth:`select` on the
-    completion-port backends, where a descriptor that is not an open
-    socket is still refused at :meth:`register`.
+    directions; unregistering a closed socket does not raise). On epoll,
+    registrations and modifications are applied at once (errors raise
+    where ``EpollSelector`` raises them) and an unregister's kernel change
+    goes with the next :meth:`select`, where an immediate register of the
+    same descriptor turns the pair into one modification. On the
+    completion-port backends every change goes with the next select, and a
+    descriptor that is not an open socket is still refused at
+    :meth:`register`.
 
     ``backend`` chooses the port's backend (see :class:`Port`); ``None``
     takes ``SOCKNOTIFY_BACKEND`` or the best one available. One thread at a
@@ -177,6 +181,10 @@ class NotifySelector(selectors.BaseSelector):
         # Changes for the next select() (completion-port backends only).
         self._pending: list[Change] = []
         self._unsent: set[int] = set()   # slots whose first ENABLE is still queued
+        # epoll: fd -> slot of an unregister whose REMOVE waits in _pending
+        # for the next select (see unregister); the slot is not reused
+        # before that REMOVE reaches the port.
+        self._parked: dict[int, int] = {}
         self._map: _SelectorMapping | None = _SelectorMapping(self)
         #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
         #: completions each wait dequeues (Windows handles associated with
@@ -299,7 +307,26 @@ class NotifySelector(selectors.BaseSelector):
         free = self._free
         slot = free[-1] if free else len(keys)
         pending = self._pending
-        if (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
+        released = None
+        if at_once and fd in self._parked:
+            # Unregistered and registered again before the next select
+            # (asyncio's sock_recv: its reader goes in a done callback, the
+            # next sock_recv adds it back). Its REMOVE has not been sent:
+            # this ENABLE replaces it, under a NEW slot, so the port re-keys
+            # the registration: one EPOLL_CTL_MOD where the pair would have
+            # cost a DEL and an ADD. Whatever the old key still had queued
+            # is stale; and if the number was closed and reused meanwhile,
+            # the modify finds no item and the port adds the new file.
+            old_slot = self._parked.pop(fd)
+            self._pending = pending = [c for c in pending if c.key != old_slot]
+            try:
+                self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
+            except BaseException:
+                free.insert(0, old_slot)   # the port retired it either way
+                raise
+            released = old_slot
+            known_to_port = True
+        elif (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
                 and pending[-1].fd == fd):
             # Unregistered and registered again before the next select (what
             # asyncio's sock_recv does: its reader goes in a done callback,
@@ -320,6 +347,8 @@ class NotifySelector(selectors.BaseSelector):
             keys[slot] = key
         else:
             keys.append(key)
+        if released is not None:
+            free.insert(0, released)
         records[fd] = _new_record(_Record, (key, slot))
         if not known_to_port:
             self._unsent.add(slot)
@@ -338,6 +367,17 @@ class NotifySelector(selectors.BaseSelector):
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
         self._keys[slot] = None
+        if self._at_once:
+            # epoll: the REMOVE goes with the next select, unless a register
+            # of the same descriptor comes first (see register). Nothing is
+            # reported for the slot meanwhile (its key is gone), and a
+            # descriptor closed before that select is no hazard: the port
+            # drops the registration when the remove fails, and an epoll
+            # item that outlives the close is found and dropped by the
+            # port's interest-set rebuild.
+            self._parked[key.fd] = slot
+            self._pending.append(_new_change(Change, (key.fd, slot, 0, OP_REMOVE, 0)))
+            return key
         self._free.append(slot)
         if slot in self._unsent:
             # The port never heard of it: forget its queued changes.
@@ -392,6 +432,10 @@ class NotifySelector(selectors.BaseSelector):
             pack_into(buffer, offset, *change, 0)
         pending.clear()
         self._unsent.clear()
+        if self._parked:
+            # Their REMOVEs are in this batch: the slots are free after it.
+            self._free.extend(self._parked.values())
+            self._parked.clear()
         return count
 
     # -- the one call ---------------------------------------------------------------
@@ -477,6 +521,7 @@ class NotifySelector(selectors.BaseSelector):
         self._free.clear()
         self._pending.clear()
         self._unsent.clear()
+        self._parked.clear()
         self._map = None
         self._port.close()
 

@@ -3,7 +3,9 @@ and persistent in the kernel, the port keeps the one-shot rule, and an
 item that outlives its descriptor is dropped by rebuilding the interest
 set. These tests pin the three promises: no epoll_ctl in the steady
 state, the same readiness as selectors.EpollSelector, and no spin on an
-orphaned item, whoever keeps its file open."""
+orphaned item, whoever keeps its file open; and the unregister that waits
+for the next select, so that an unregister and a register of the same
+descriptor in one iteration cost one epoll_ctl."""
 from __future__ import annotations
 
 import os
@@ -279,3 +281,75 @@ def test_waiter_in_another_thread_survives_a_rebuild(sel):
             s.close()
         if kept is not None:
             os.close(kept)
+
+
+# -- unregister deferred to the next select ------------------------------------------
+
+
+def test_unregister_then_register_in_one_iteration_is_one_epoll_ctl(sel):
+    """asyncio's sock_recv removes its reader in a done callback and the
+    next sock_recv adds it back before the loop selects again: the pair
+    costs one EPOLL_CTL_MOD, and readiness goes to the new key only."""
+    a, b = pair()
+    try:
+        sel.register(a, READ, "first")
+        b.send(b"x")
+        assert ready(sel, 1) == [("first", READ)]
+        a.recv(10)
+        before = sel.port.counters()["changes"]
+        for n in range(50):
+            sel.unregister(a)
+            sel.register(a, READ, n)
+            b.send(b"x")
+            assert ready(sel, 1) == [(n, READ)]
+            a.recv(10)
+        assert sel.port.counters()["changes"] - before == 50
+    finally:
+        a.close()
+        b.close()
+
+
+def test_unregister_close_reuse_register_watches_the_new_file(sel):
+    """Unregistered, closed, its number taken by a new socket, registered
+    again before any select: the new socket is watched, and nothing of the
+    old one (readable when it was closed) is ever reported."""
+    a, b = pair()
+    extra = []
+    try:
+        sel.register(a, READ, "old")
+        b.send(b"old data")
+        assert ready(sel, 1) == [("old", READ)]
+        number = a.fileno()
+        sel.unregister(a)
+        a.close()
+        c, d = pair()
+        extra += [c, d]
+        if c.fileno() != number:
+            os.dup2(c.fileno(), number)
+            c.close()
+            c = socket.socket(fileno=number)
+            extra.append(c)
+        sel.register(c, READ, "new")
+        assert ready(sel, 0) == []
+        d.send(b"new data")
+        assert ready(sel, 1) == [("new", READ)]
+    finally:
+        for s in [a, b, *extra]:
+            s.close()
+
+
+def test_unregister_then_close_before_select_waits_quietly(sel):
+    """The REMOVE meets a closed descriptor at the next select: that select
+    neither reports it nor returns early, and burns no CPU."""
+    a, b = pair()
+    try:
+        sel.register(a, READ, "a")
+        b.send(b"x")
+        for _ in range(2):
+            assert ready(sel, 1) == [("a", READ)]
+        sel.unregister(a)
+        a.close()
+        idle(sel, 1.0)
+    finally:
+        a.close()
+        b.close()

@@ -27,9 +27,7 @@
  *     reused fd number is therefore new to epoll: MOD says ENOENT, we ADD.
  *     But while a dup() of the fd lives (in this process or a forked
  *     child), the item outlives the close and can no longer be deleted by
- *     number. Such an orphan must not fire forever. A selector applies its
- *     unregister at once, while the fd is still open, so asyncio's own
- *     order (remove the reader, then close) never leaves one.
+ *     number. Such an orphan must not fire forever (see the rebuild below).
  *   - A one-shot item costs an EPOLL_CTL_MOD per re-arm, and a selector
  *     re-arms after every event: on a ping-pong that is a third more
  *     system calls than a persistent item needs. So this backend offers
@@ -311,7 +309,8 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
             if (regs[i].op == SN_OP_NONE)
                 continue;
             regs[i].result = epoll__apply(port, &regs[i]);
-            failed |= regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+            failed |= regs[i].result != 0 && regs[i].op == SN_OP_ENABLE &&
+                      !(regs[i].trigger & SN_TRIGGER_REARM);
         }
         sn_mutex_unlock(&ep->ctl_lock);
     }

@@ -114,7 +114,11 @@ enum {
    backend need not produce the REMOVE event at all (the port layer would
    drop it as stale). PSN produces it anyway; it is dropped. */
 #define SN_TRIGGER_QUIET 0x40
-#define SN_TRIGGER_INTERNAL (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET)
+/* Set on the port's own re-arms (SN_PROCESS_REARM): nobody waits to hear
+   that one failed (its descriptor went away under its owner), so a failure
+   must not turn the call's wait into a poll the way a caller's does. */
+#define SN_TRIGGER_REARM 0x20
+#define SN_TRIGGER_INTERNAL (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET | SN_TRIGGER_REARM)
 
 enum {
     SN_RECORD_FREE = 0,

@@ -261,7 +261,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         kregs[i].registrationResult = ERROR_SUCCESS;
     }
 
-    /* THE call: registrations (re-arms first) and the wait, in one. */
+    /* THE call: registrations (the caller's, then re-arms) and the wait, in one. */
     SN_COUNT(port, SN_COUNT_WAITS);
     if (max_events == 0) {
         /* PSN's rule: no room for entries means no wait at all. */

@@ -41,7 +41,7 @@
  * One-shot re-arms (SN_PROCESS_REARM). A selector re-enables, at every
  * select, what it reported at the previous one: that is how one-shot
  * registrations give level-triggered selector semantics. The port keeps the
- * list of delivered one-shot registrations itself and prepends their
+ * list of delivered one-shot registrations itself and appends their
  * ENABLEs to the next such call, so the steady state crosses the FFI with
  * nothing but the wait.
  *
@@ -607,19 +607,20 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
 }
 
 /* Read the kernel's verdicts back into the table (lock held). The first
-   `internal` kernel registrations are the port's own re-arms: their
-   verdicts settle the table but belong to no caller registration. */
+   `callers` kernel registrations are the caller's; the rest are the port's
+   own re-arms, whose verdicts settle the table but belong to no caller
+   registration. */
 static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                        sn_registration_t *kregs, sn_pending_t *pending,
-                       uint32_t internal, uint32_t count) {
+                       uint32_t callers, uint32_t count) {
     uint32_t i;
     for (i = 0; i < count; i++) {
         sn_pending_t *p = &pending[i];
         sn_record_t *record;
         if (p->skip)
             continue;
-        if (i >= internal)
-            regs[i - internal].result = kregs[i].result;
+        if (i < callers)
+            regs[i].result = kregs[i].result;
         record = &port->records[p->slot];
         /* A verdict about an older generation of this slot has nothing
            left to settle. */
@@ -646,7 +647,7 @@ static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
            delivered; the record stays, so that the owner's next change
            meets the same error (a modify, like epoll_ctl MOD: ENOENT) and
            its REMOVE retires it. */
-        if (i < internal)
+        if (i >= callers)
             continue;
         /* A failed REMOVE means the socket is already gone (closesocket
            deregistered it silently); a failed ENABLE leaves the kernel's
@@ -857,7 +858,7 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
 /* The port's own re-arms (SN_PROCESS_REARM): an ENABLE, with the filter
    and trigger of the registration's last ENABLE, for every one-shot
    registration delivered since the last such call and still live. Written
-   at the front of kregs (lock held); returns how many. */
+   into kregs after the caller's changes (lock held); returns how many. */
 static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
                                    sn_pending_t *pending) {
     uint32_t i, n = 0;
@@ -877,6 +878,7 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
            closed meanwhile, it must fail, not arm whatever file took the
            number (the failure retires the record silently). */
         kregs[n].trigger = (uint8_t)(sn__kernel_trigger(port, record->trigger) |
+                                     SN_TRIGGER_REARM |
                                      (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : 0));
         kregs[n].result = 0;
         pending[n].slot = slot;
@@ -930,10 +932,12 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             goto out;
         }
     }
+    /* The caller's changes first: a registration it removes or re-enables
+       in this call is then no longer due for a re-arm of ours. */
+    refused = sn__prepare(port, flags, regs, kregs, pending, count);
     if (flags & SN_PROCESS_REARM)
-        internal = sn__prepare_rearms(port, kregs, pending);
-    refused = sn__prepare(port, flags, regs, kregs + internal, pending + internal, count);
-    total = internal + count;
+        internal = sn__prepare_rearms(port, kregs + count, pending + count);
+    total = count + internal;
     sn_mutex_unlock(&port->lock);
     /* A change refused here is news for the caller: do not sit on it. */
     if (refused != 0)
@@ -947,7 +951,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         if (total != 0 || got != 0) {
             sn_mutex_lock(&port->lock);
             if (total != 0) {
-                sn__settle(port, flags, regs, kregs, pending, internal, total);
+                sn__settle(port, flags, regs, kregs, pending, count, total);
                 total = 0;   /* registrations are applied once, by the first call */
             }
             reported = sn__deliver(port, events, got, sink);

@@ -76,9 +76,9 @@
 #define SN_CAP_LAZY_REARM       2
 
 /* sn_port_process() flags. */
-/* Before the caller's registrations, re-enable (same filter and trigger)
+/* After the caller's registrations, re-enable (same filter and trigger)
    every one-shot registration that an earlier call delivered and that
-   nobody re-enabled or removed since: the selector's steady state --
+   nobody re-enabled or removed since (this call's own changes included): the selector's steady state --
    re-arm what was reported last time -- without handing each re-arm
    across the FFI; the re-arms reach the kernel in the call that waits. */
 #define SN_PROCESS_REARM         1
