@@ -134,8 +134,9 @@ class Loop(asyncio.SelectorEventLoop):
     _remove_writer: Callable[[Any], bool]
 
     #: Whether the last iteration waited on the port (the fast path skips
-    #: the zero-timeout poll of the iteration after one that did).
-    _polled = False
+    #: the zero-timeout poll of the iteration after one that did; asyncio's
+    #: own iteration, where the fast path does not run, always waits).
+    _polled = not _FAST_PATH
 
     def __init__(self, selector: NotifySelector | None = None) -> None:
         if selector is None:
@@ -183,6 +184,7 @@ class Loop(asyncio.SelectorEventLoop):
             """One iteration: run timers due, wait on the port, queue the
             ready handles, run what is ready (see the module docstring)."""
             if self._debug:
+                self._polled = True   # the stock iteration always waits
                 super()._run_once()  # type: ignore[misc]  # not in typeshed
                 return
             handle: Any   # a Handle or TimerHandle, private attributes and all
