@@ -464,7 +464,6 @@ fail:
 }
 
 const sn_backend_ops_t sn_epoll_ops = {
-    "epoll",
     SN_BACKEND_EPOLL,
     SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE,
     SN_CAP_CHANGES_AT_ONCE | SN_CAP_LAZY_REARM,

@@ -36,7 +36,6 @@ typedef struct sn_kevent {
 /* Everything that differs between backends, in one table. The port layer
    never asks which backend it runs on: it reads this. */
 typedef struct sn_backend_ops {
-    const char *name;   /* "epoll", "psn", "afd" */
     int id;             /* SN_BACKEND_* */
     int triggers;       /* SN_TRIGGER_* flags honoured faithfully */
     int caps;           /* SN_CAP_* */

@@ -360,7 +360,6 @@ static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
     (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL)
 
 const sn_backend_ops_t sn_psn_ops = {
-    "psn",
     SN_BACKEND_PSN,
     IOCP_TRIGGERS_PSN,
     0,
@@ -378,7 +377,6 @@ const sn_backend_ops_t sn_psn_ops = {
 };
 
 const sn_backend_ops_t sn_afd_ops = {
-    "afd",
     SN_BACKEND_AFD,
     IOCP_TRIGGERS_AFD,
     0,
