@@ -38,6 +38,18 @@ def pair():
     return a, b
 
 
+def pair_on_number(number):
+    """A connected pair whose first socket has descriptor ``number`` (just
+    closed by the caller): the kernel's next number, or moved there."""
+    sock, peer = pair()
+    if sock.fileno() != number:
+        os.dup2(sock.fileno(), number)
+        sock.close()
+        sock = socket.socket(fileno=number)
+        sock.setblocking(False)
+    return sock, peer
+
+
 def ready(sel, timeout=0.0):
     return sorted((key.data, mask) for key, mask in sel.select(timeout))
 
@@ -196,13 +208,8 @@ def test_rebuild_keeps_every_registration_as_it_was(sel):
         # "gone" is closed without unregister and its number reused.
         number = gone.fileno()
         gone.close()
-        newcomer, newcomer_w = pair()
+        newcomer, newcomer_w = pair_on_number(number)
         extra += [newcomer, newcomer_w]
-        if newcomer.fileno() != number:
-            os.dup2(newcomer.fileno(), number)
-            newcomer.close()
-            newcomer = socket.socket(fileno=number)
-            extra.append(newcomer)
         newcomer_w.send(b"n")
         # The orphan: closed before unregister, its file kept by a dup.
         kept = os.dup(orphan.fileno())
@@ -322,13 +329,8 @@ def test_unregister_close_reuse_register_watches_the_new_file(sel):
         number = a.fileno()
         sel.unregister(a)
         a.close()
-        c, d = pair()
+        c, d = pair_on_number(number)
         extra += [c, d]
-        if c.fileno() != number:
-            os.dup2(c.fileno(), number)
-            c.close()
-            c = socket.socket(fileno=number)
-            extra.append(c)
         sel.register(c, READ, "new")
         assert ready(sel, 0) == []
         d.send(b"new data")
