@@ -9,9 +9,8 @@ IOCTL_AFD_POLL), ``afd_cancels`` (NtCancelIoFileEx), ``afd_dequeues``
 (GetQueuedCompletionStatusEx) and ``afd_posts`` (PostQueuedCompletionStatus).
 The worker also counts loop iterations (``_run_once`` calls) and the
 registration changes the loop hands to each wait, so a figure can be put
-per iteration: the port code's goal is at most one call of the
-ProcessSocketNotifications function per iteration (the loop makes none in
-an iteration right after one that waited), and on ``afd`` no more
+per iteration: the port code's goal is exactly one call of the
+ProcessSocketNotifications function per iteration, and on ``afd`` no more
 NT calls per iteration than the polls it must (re)submit -- one
 IOCTL_AFD_POLL per socket to re-arm -- plus one dequeue: whatever else it
 calls (a second dequeue, a cancel, a post) is overhead of the polyfill.

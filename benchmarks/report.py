@@ -330,9 +330,9 @@ def syscall_differences(data: dict) -> list[str]:
         lines = ["Differences (from the tables above):", ""] + lines + [
             "", ("On Linux a re-arm costs no system call: the port keeps a selector's "
             "one-shot registrations level and persistent in epoll and the one-shot rule in its "
-            "table (docs/design.md, lazy re-arms); fewer `epoll_wait` calls than asyncio come "
-            "from the loop, which skips the zero-timeout poll of an iteration right after one "
-            "that waited. System calls cannot be counted this way under Wine, where strace "
+            "table (docs/design.md, lazy re-arms), and an unregister followed by a register of "
+            "the same descriptor is one `epoll_ctl`. System calls cannot be counted this way "
+            "under Wine, where strace "
             "sees wineserver traffic, not Windows kernel transitions."), ""]
     return lines
 

@@ -275,12 +275,7 @@ class WindowsLoop(Loop):
         try:
             super()._run_once()
         finally:
-            if self._polled:
-                proactor.forget(unregistered)
-            else:
-                # The iteration skipped its wait (see loop.py): forget them
-                # after the next one that waits.
-                proactor._unregistered[:0] = unregistered
+            proactor.forget(unregistered)
 
     def _write_to_self(self) -> None:
         # May run in any thread, even while or after the loop closes.

@@ -23,19 +23,6 @@ answer: one cffi call writes ``(slot, mask)`` pairs into a buffer, and the
 handles go straight from the registration's key to ``_ready``; the clock is
 read only when a timer is scheduled. ``call_soon`` skips the debug-mode
 bookkeeping when debug is off.
-
-One wait fewer. asyncio polls the selector with a zero timeout in every
-iteration that has callbacks ready. :meth:`Loop._run_once` skips that poll
-in the iteration right after one that waited on the port: I/O that became
-ready meanwhile is then taken up by the next iteration, exactly as if it
-had arrived a moment later, which it always may (nothing orders readiness
-against callbacks). At most every other iteration skips, so I/O is never
-starved by callbacks that keep scheduling callbacks, and a stopping loop
-always polls. On a ping-pong this halves the waits: two per round trip
-instead of four. Both keep asyncio's semantics exactly: the
-stock methods are the same in Python 3.9 to 3.13 (checked by
-tests/test_loop.py against each version's source), and debug mode runs the
-stock iteration. On other Python versions the stock methods are used.
 """
 from __future__ import annotations
 
@@ -133,11 +120,6 @@ class Loop(asyncio.SelectorEventLoop):
     _remove_reader: Callable[[Any], bool]
     _remove_writer: Callable[[Any], bool]
 
-    #: Whether the last iteration waited on the port (the fast path skips
-    #: the zero-timeout poll of the iteration after one that did; asyncio's
-    #: own iteration, where the fast path does not run, always waits).
-    _polled = not _FAST_PATH
-
     def __init__(self, selector: NotifySelector | None = None) -> None:
         if selector is None:
             try:
@@ -184,7 +166,6 @@ class Loop(asyncio.SelectorEventLoop):
             """One iteration: run timers due, wait on the port, queue the
             ready handles, run what is ready (see the module docstring)."""
             if self._debug:
-                self._polled = True   # the stock iteration always waits
                 super()._run_once()  # type: ignore[misc]  # not in typeshed
                 return
             handle: Any   # a Handle or TimerHandle, private attributes and all
@@ -210,27 +191,20 @@ class Loop(asyncio.SelectorEventLoop):
                     handle._scheduled = False
 
             ready = self._ready
-            got = 0
-            if ready and self._polled and not self._stopping:
-                # The previous iteration polled the port; this one runs
-                # what it queued without a zero-timeout poll (see the
-                # module docstring: at most every other iteration).
-                self._polled = False
+            if ready or self._stopping:
+                wait_ms = 0
+            elif scheduled:
+                timeout = scheduled[0]._when - self.time()
+                if timeout > _MAXIMUM_SELECT_TIMEOUT:  # not min(): a call
+                    timeout = _MAXIMUM_SELECT_TIMEOUT
+                # Rounded up, as the selectors round: never wake early.
+                wait_ms = -int(-timeout * 1000.0 // 1) if timeout > 0 else 0
             else:
-                if ready or self._stopping:
-                    wait_ms = 0
-                elif scheduled:
-                    timeout = scheduled[0]._when - self.time()
-                    if timeout > _MAXIMUM_SELECT_TIMEOUT:  # not min(): a call
-                        timeout = _MAXIMUM_SELECT_TIMEOUT
-                    # Rounded up, as the selectors round: never wake early.
-                    wait_ms = -int(-timeout * 1000.0 // 1) if timeout > 0 else 0
-                else:
-                    wait_ms = -1
-                self._polled = True
-                selector = self._selector
-                got = _select(selector._handle, selector._pack() if selector._pending else 0,
-                              wait_ms)
+                wait_ms = -1
+
+            selector = self._selector
+            got = _select(selector._handle, selector._pack() if selector._pending else 0,
+                          wait_ms)
             if got > 0:
                 if got == 1:
                     # The common case, read without slicing the buffer.
@@ -258,7 +232,7 @@ class Loop(asyncio.SelectorEventLoop):
                         else:
                             ready.append(writer)
             elif got < 0:
-                self._selector._raise_for(got)
+                selector._raise_for(got)
 
             # Timers that are due.
             if scheduled:
