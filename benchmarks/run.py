@@ -200,6 +200,12 @@ def run_wine(options, cfg, progress) -> dict | None:
     import wine_side  # only now: it checks for (and may apt-get) Wine and mingw
     log("Wine: preparing Windows CPython, winloop and our win_amd64 wheel")
     notes = wine_side.prepare(log)
+    if "wheel_error" in notes:
+        # Never measure whatever copy of the package the Windows Python may
+        # have installed from an earlier run under our name.
+        loops = [name for name in loops if name not in OURS]
+        if not loops:
+            return None
     platform = wine_side.platform(options.cpu)
     log(f"Wine: loops {', '.join(loops)}; {options.wine_rounds} rounds, "
         f"python.exe and wineserver pinned to CPU {options.cpu}")

@@ -122,7 +122,7 @@ def prepare(log) -> dict[str, object]:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 (the peers are still worth measuring)
         notes["wheel_error"] = f"{type(exc).__name__}: {exc}"
         log(f"our win_amd64 wheel did not build ({notes['wheel_error'][:200]}); "
-            f"see benchmarks/results/raw/wine-wheel-build.log: peers only")
+            f"see benchmarks/results/raw/wine-wheel-build.log: peers only, ours not measured")
     return notes
 
 
