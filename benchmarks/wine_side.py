@@ -76,15 +76,9 @@ def bench_env() -> dict[str, str]:
     return env
 
 
-def wineserver() -> str:
-    return shutil.which("wineserver") or "/usr/lib/wine/wineserver64"
-
-
 def stop_wineserver() -> None:
     """Kill our prefix's wineserver and wait until it is gone."""
-    env = bench_env()
-    subprocess.run([wineserver(), "-k"], check=False, env=env, stderr=subprocess.DEVNULL)
-    subprocess.run([wineserver(), "-w"], check=False, env=env, stderr=subprocess.DEVNULL)
+    wine_runtime.stop_wineserver(PY, bench_env())
 
 
 def windows_python(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:

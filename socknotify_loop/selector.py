@@ -307,7 +307,6 @@ class NotifySelector(selectors.BaseSelector):
         free = self._free
         slot = free[-1] if free else len(keys)
         pending = self._pending
-        released = None
         if at_once and fd in self._parked:
             # Unregistered and registered again before the next select
             # (asyncio's sock_recv: its reader goes in a done callback, the
@@ -318,13 +317,13 @@ class NotifySelector(selectors.BaseSelector):
             # is stale; and if the number was closed and reused meanwhile,
             # the modify finds no item and the port adds the new file.
             old_slot = self._parked.pop(fd)
-            self._pending = pending = [c for c in pending if c.key != old_slot]
+            self._drop_pending(old_slot)
             try:
                 self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-            except BaseException:
-                free.insert(0, old_slot)   # the port retired it either way
-                raise
-            released = old_slot
+            finally:
+                # The port retired the old registration either way. At the
+                # bottom of the stack: `slot` stays the one taken below.
+                free.insert(0, old_slot)
             known_to_port = True
         elif (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
                 and pending[-1].fd == fd):
@@ -342,13 +341,11 @@ class NotifySelector(selectors.BaseSelector):
             # Raises before anything is recorded.
             self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
         key = SelectorKey(fileobj, fd, events, data)
-        if free:
+        if slot < len(keys):     # taken from the free stack
             free.pop()
             keys[slot] = key
         else:
             keys.append(key)
-        if released is not None:
-            free.insert(0, released)
         records[fd] = _new_record(_Record, (key, slot))
         if not known_to_port:
             self._unsent.add(slot)
@@ -382,7 +379,7 @@ class NotifySelector(selectors.BaseSelector):
         if slot in self._unsent:
             # The port never heard of it: forget its queued changes.
             self._unsent.discard(slot)
-            self._pending = [c for c in self._pending if c.key != slot]
+            self._drop_pending(slot)
         else:
             self._change(key.fd, slot, 0, OP_REMOVE, 0)
         return key
@@ -414,6 +411,10 @@ class NotifySelector(selectors.BaseSelector):
         self._records[fd] = _new_record(_Record, (key, slot))
         self._keys[slot] = key
         return key
+
+    def _drop_pending(self, slot: int) -> None:
+        """Forget the queued changes of ``slot``."""
+        self._pending = [c for c in self._pending if c.key != slot]
 
     def _pack(self) -> int:
         """Move the queued changes into the bound buffer; returns how many."""

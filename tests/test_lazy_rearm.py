@@ -54,6 +54,15 @@ def ready(sel, timeout=0.0):
     return sorted((key.data, mask) for key, mask in sel.select(timeout))
 
 
+def reported_twice(sel, a, b, data=b"unread"):
+    """``a`` registered as "a" with input pending, reported by two selects:
+    the second re-arms it, so from then on its item is lazy (level and
+    persistent in epoll)."""
+    b.send(data)
+    for _ in range(2):
+        assert ready(sel, 1) == [("a", READ)]
+
+
 def idle(sel, timeout=1.0, plain=False):
     """select (or a plain process) that must wait the whole timeout,
     report nothing, and burn little CPU."""
@@ -132,9 +141,7 @@ def test_orphan_closed_before_unregister_is_dropped(sel, keeper):
         sel.register(a, READ, "a")
         sel.register(c, READ, "c")
         reference.register(a, READ, "a")
-        b.send(b"unread")
-        for _ in range(2):                 # the second select re-arms lazily
-            assert ready(sel, 1) == [("a", READ)]
+        reported_twice(sel, a, b)
         if keeper == "dup":
             kept = os.dup(a.fileno())
         else:
@@ -172,9 +179,7 @@ def test_orphan_met_by_a_plain_process(sel):
     kept = None
     try:
         sel.register(a, READ, "a")
-        b.send(b"unread")
-        for _ in range(2):
-            assert ready(sel, 1) == [("a", READ)]
+        reported_twice(sel, a, b)
         kept = os.dup(a.fileno())
         a.close()
         idle(sel, 1.0, plain=True)
@@ -248,9 +253,7 @@ def test_waiter_in_another_thread_survives_a_rebuild(sel):
     results = []
     try:
         sel.register(a, READ, "a")
-        b.send(b"unread")
-        for _ in range(2):                 # lazy from the second select on
-            assert ready(sel, 1) == [("a", READ)]
+        reported_twice(sel, a, b)
         a.recv(100)
         assert ready(sel, 0) == []         # re-armed, and nothing to read
         watched_c, watched_d = pair()
@@ -346,9 +349,7 @@ def test_unregister_then_close_before_select_waits_quietly(sel):
     a, b = pair()
     try:
         sel.register(a, READ, "a")
-        b.send(b"x")
-        for _ in range(2):
-            assert ready(sel, 1) == [("a", READ)]
+        reported_twice(sel, a, b, b"x")
         sel.unregister(a)
         a.close()
         idle(sel, 1.0)

@@ -163,9 +163,17 @@ static int epoll__available(const char **why) {
     return 1;
 }
 
+/* The eventfd's item in an epoll instance (the port's, or a rebuilt one). */
+static int epoll__add_wake(int epfd, int wakefd) {
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.u64 = SN_EPOLL_WAKE_KEY;
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, wakefd, &ev);
+}
+
 static int epoll__open(sn_port_t *port) {
     epoll_port_t *ep = calloc(1, sizeof *ep);
-    struct epoll_event ev;
     int err;
 
     if (ep == NULL)
@@ -176,10 +184,7 @@ static int epoll__open(sn_port_t *port) {
     ep->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (ep->wakefd < 0)
         goto err2;
-    memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN;
-    ev.data.u64 = SN_EPOLL_WAKE_KEY;
-    if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, ep->wakefd, &ev) < 0)
+    if (epoll__add_wake(ep->epfd, ep->wakefd) < 0)
         goto err3;
     sn_mutex_init(&ep->queue_lock);
     sn_mutex_init(&ep->ctl_lock);
@@ -405,15 +410,16 @@ static int epoll__check(sn_port_t *port, uint64_t socket) {
 }
 
 static int epoll__disarm(sn_port_t *port, uint64_t socket, uint64_t key) {
-    struct epoll_event ev;
-    memset(&ev, 0, sizeof ev);
-    /* EPOLLERR and EPOLLHUP cannot be masked, but a one-shot item reports
-       them at most once more; the port drops that report. */
-    ev.events = EPOLLONESHOT;
-    ev.data.u64 = key;
-    if (socket > 0x7fffffff)
-        return EBADF;
-    return epoll__ctl(port, EPOLL_CTL_MOD, (int)socket, &ev) == 0 ? 0 : errno;
+    /* A modify (never an add) to one-shot with an empty filter. EPOLLERR
+       and EPOLLHUP cannot be masked, but a one-shot item reports them at
+       most once more; the port drops that report. */
+    sn_registration_t reg;
+    memset(&reg, 0, sizeof reg);
+    reg.socket = socket;
+    reg.key = key;
+    reg.op = SN_OP_ENABLE;
+    reg.trigger = SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL | SN_TRIGGER_MODIFY_ONLY;
+    return (int)epoll__apply(port, &reg);
 }
 
 static int epoll__rebuild(sn_port_t *port, sn_registration_t *items, uint32_t count) {
@@ -427,9 +433,7 @@ static int epoll__rebuild(sn_port_t *port, sn_registration_t *items, uint32_t co
         return errno;
     sn_mutex_lock(&ep->ctl_lock);
     memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN;
-    ev.data.u64 = SN_EPOLL_WAKE_KEY;
-    if (epoll_ctl(fresh, EPOLL_CTL_ADD, ep->wakefd, &ev) < 0)
+    if (epoll__add_wake(fresh, ep->wakefd) < 0)
         goto fail;
     for (i = 0; i < count; i++) {
         int fd = (int)items[i].socket;

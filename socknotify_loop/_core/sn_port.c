@@ -562,13 +562,14 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
                 sn__record_retire(port, slot);
                 record = NULL;
             }
+            kreg->trigger = sn__kernel_trigger(port, reg->trigger);
             if (record == NULL || record->state != SN_RECORD_LIVE) {
+                /* May grow (move) the table: `record` is not read after. */
                 if ((err = sn__record_new(port, reg->socket, reg->key, &slot)) != 0)
                     break;
-            }
-            kreg->trigger = sn__kernel_trigger(port, reg->trigger);
-            if (record != NULL && record->state == SN_RECORD_LIVE && record->in_kernel)
+            } else if (record->in_kernel) {
                 kreg->trigger |= SN_TRIGGER_MODIFY_ONLY;
+            }
             port->records[slot].events = reg->events;
             port->records[slot].trigger = reg->trigger;
             port->records[slot].delivered = 0;
@@ -674,8 +675,6 @@ static int sn__rearm_push(sn_port_t *port, uint32_t slot) {
     return 1;
 }
 
-/* Where translated notifications go: process() wants sn_notification_t,
-   select() wants (key, selector mask) pairs and I/O keys. */
 /* Silence a lazy record reported again before its re-arm (lock held).
    Returns 1 if the kernel item could not be reached by its descriptor: it
    is an orphan, and the interest set must be rebuilt. */
@@ -716,11 +715,10 @@ static void sn__rebuild(sn_port_t *port) {
         item->result = 0;
         item->events = record->events;
         item->trigger = record->trigger;
-        if (!record->in_kernel) {
-            /* Only an ENABLE in flight can have put it there. */
+        if (!record->in_kernel || record->kmode == SN_KMODE_LAZY) {
+            /* As a caller's ENABLE puts it there (for a record not yet in
+               the kernel, only an ENABLE in flight can have). */
             item->trigger = sn__kernel_trigger(port, record->trigger);
-        } else if (record->kmode == SN_KMODE_LAZY) {
-            item->trigger = SN_TRIGGER_LEVEL | SN_TRIGGER_PERSISTENT;
         } else if (record->kmode == SN_KMODE_PARKED ||
                    ((record->trigger & SN_TRIGGER_ONESHOT) && record->delivered)) {
             /* Disarmed in the kernel: stays disarmed. */
@@ -742,6 +740,8 @@ out:
     free(slots);
 }
 
+/* Where translated notifications go: process() wants sn_notification_t,
+   select() wants (key, selector mask) pairs and I/O keys. */
 typedef struct sn_sink {
     sn_notification_t *notes;   /* process(): or NULL for select() */
     uint64_t *out;              /* select(): pairs from the front */

@@ -57,10 +57,11 @@ def wine_python(version: str, args, check=True, **kwargs) -> subprocess.Complete
     return proc
 
 
-def stop_wineserver(version: str) -> None:
-    """End this version's wineserver, so none lingers between runs."""
+def stop_wineserver(version: str, env: dict[str, str] | None = None) -> None:
+    """End the wineserver of this version's prefix (or of the prefix ``env``
+    names), and wait until it is gone, so none lingers between runs."""
     server = shutil.which("wineserver") or "/usr/lib/wine/wineserver64"
     if os.path.exists(server):
-        env = wine_env(version)
+        env = env if env is not None else wine_env(version)
         subprocess.run([server, "-k"], check=False, env=env, stderr=subprocess.DEVNULL)
         subprocess.run([server, "-w"], check=False, env=env, stderr=subprocess.DEVNULL)
