@@ -416,8 +416,7 @@ class _TestWakeups:
     def test_io_is_not_starved_by_callbacks_that_reschedule(self):
         """A callback that always schedules itself again keeps the ready
         queue non-empty forever: a readable socket's reader still runs
-        within a few iterations (the loop may skip a zero-timeout poll, but
-        never two in a row)."""
+        within a few iterations (every iteration polls the port)."""
         loop = self.loop
         a, b = socket.socketpair()
         self.addCleanup(a.close)
@@ -466,6 +465,75 @@ class TestNotifyWakeups(_TestWakeups, NotifyTestCase):
 
 
 class TestAsyncioWakeups(_TestWakeups, AsyncioTestCase):
+    pass
+
+
+# -- timers ---------------------------------------------------------------------------------
+
+class _TestTimers:
+
+    def _count_iterations(self):
+        """Count the loop's iterations (run_forever calls self._run_once)."""
+        loop = self.loop
+        count = [0]
+        run_once = loop._run_once
+
+        def counted():
+            count[0] += 1
+            run_once()
+
+        loop._run_once = counted
+        self.addCleanup(vars(loop).pop, "_run_once")
+        return count
+
+    def test_timers_fire_on_time_without_spinning(self):
+        """A wait of a fraction of a millisecond is rounded up, never down
+        to a poll: each timer fires no earlier than asyncio allows (its
+        time, less the clock's resolution), after a few iterations."""
+        loop = self.loop
+        iterations = self._count_iterations()
+        for delay in (0.0004, 0.0011, 0.0105, 0.03):
+            with self.subTest(delay=delay):
+                fired = loop.create_future()
+                when = loop.time() + delay
+                loop.call_at(when, lambda fired=fired: fired.set_result(loop.time()))
+                before = iterations[0]
+                fired_at = self.run_loop(fired, timeout=10)
+                self.assertGreaterEqual(fired_at, when - loop._clock_resolution)
+                self.assertLess(fired_at, when + 5)
+                self.assertLessEqual(iterations[0] - before, 20)
+
+    def test_a_replaced_clock_is_the_one_the_iteration_reads(self):
+        """loop.time replaced on the instance (as tests do to fake time):
+        timers fall due by that clock."""
+        loop = self.loop
+        real = loop.time
+        fired = loop.create_future()
+        loop.call_at(real() + 3600, fired.set_result, "due")
+        loop.time = lambda: real() + 7200
+        self.addCleanup(vars(loop).pop, "time")
+        self.assertEqual(self.run_loop(fired, timeout=10), "due")
+
+    def test_a_subclass_clock_is_the_one_the_iteration_reads(self):
+        loop = self.loop
+        base = type(loop)
+
+        class Ahead(base):
+            def time(self):
+                return super().time() + 7200
+
+        ahead = Ahead(NotifySelector()) if isinstance(loop, Loop) else Ahead()
+        self.addCleanup(ahead.close)
+        fired = ahead.create_future()
+        ahead.call_at(loop.time() + 3600, fired.set_result, "due")
+        self.assertEqual(ahead.run_until_complete(asyncio.wait_for(fired, 10)), "due")
+
+
+class TestNotifyTimers(_TestTimers, NotifyTestCase):
+    pass
+
+
+class TestAsyncioTimers(_TestTimers, AsyncioTestCase):
     pass
 
 
@@ -697,6 +765,7 @@ def test_package_import_does_not_import_the_loop():
 _STOCK_SOURCES = {
     "BaseEventLoop._run_once": {"4ed906f26d5d0ddc", "26970ce6b0d67ef5", "22aebfb8172a0741"},
     "BaseEventLoop.call_soon": {"53775c63133d8ac0"},
+    "BaseEventLoop.time": {"d8523f14aabcd1f8"},
     "BaseEventLoop._call_soon": {"cd4172992c5f81c2"},
     "BaseEventLoop._add_callback": {"fe58924e59585519", "7179c52b15044b32"},
     "BaseSelectorEventLoop._process_events": {"7044c856635b7f64"},

@@ -1056,7 +1056,29 @@ int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_c
     return 0;
 }
 
-int64_t sn_port_select(sn_port_t *port, uint32_t count, int64_t timeout_ms) {
+/* The longest wait the select path asks of a backend: what fits the
+   int of epoll_wait() and stays below the DWORD INFINITE of the Windows
+   waits (the same clamp as the Python selector's timeout_ms()). */
+#define SN_LONGEST_WAIT_MS  INT64_C(0x7FFFFFFF)
+
+/* sn_port_select()'s timeout is milliseconds as a double, so the loop can
+   hand over `seconds * 1000.0` as it is: turning it into an integer in
+   Python (a float floor and an int() call) cost more than the rest of a
+   timed wait's set-up. Rounded up, so a wait never ends early (the stdlib
+   selectors round up too); negative waits forever; NaN polls. */
+static int64_t sn__wait_ms(double timeout_ms) {
+    int64_t ms;
+    if (timeout_ms < 0)
+        return SN_INFINITE;
+    if (!(timeout_ms > 0))
+        return 0;
+    if (timeout_ms >= (double)SN_LONGEST_WAIT_MS)
+        return SN_LONGEST_WAIT_MS;
+    ms = (int64_t)timeout_ms;
+    return (double)ms < timeout_ms ? ms + 1 : ms;
+}
+
+int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
     sn_sink_t sink;
     uint32_t i, max_events;
     int err;
@@ -1078,7 +1100,7 @@ int64_t sn_port_select(sn_port_t *port, uint32_t count, int64_t timeout_ms) {
     /* Room for the failure pairs of the changes, then kernel events. */
     max_events = sink.cap / 2 - count;
     err = sn__run(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE,
-                  port->bound_changes, count, timeout_ms, max_events,
+                  port->bound_changes, count, sn__wait_ms(timeout_ms), max_events,
                   port->bound_events, &sink);
     /* A change that failed: its owner hears of it as readiness, once. */
     for (i = 0; i < count; i++) {

@@ -197,11 +197,13 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
    not reported; on Windows the keys of overlapped I/O completions
    (SN_EVENT_IO) follow the pairs. Returns pairs | (io_keys << 32), or
    minus an error code (sn_error_busy() if another thread is inside).
+   The timeout is in milliseconds as a double: any fraction rounds up,
+   a negative value waits forever, NaN polls.
    Memory: the buffers are written only inside sn_port_select(); rebinding
    waits for none and fails with sn_error_busy() while a select runs. */
 int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,
                  uint64_t *out, uint32_t out_cap);
-int64_t sn_port_select(sn_port_t *port, uint32_t count, int64_t timeout_ms);
+int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms);
 
 /* One change, applied at once, without waiting or dequeuing, with
    SN_PROCESS_QUIET_REMOVE's meaning of REMOVE: the selector's register,
