@@ -25,10 +25,10 @@ read only when a timer is scheduled, through ``time`` bound to
 :func:`time.monotonic` itself (what asyncio's ``time()`` returns, one call
 frame less; a subclass or an instance may still replace it), and the wait's
 timeout goes to the port as float milliseconds, rounded up in C.
-``call_soon`` skips the debug-mode bookkeeping when debug is off. Both keep asyncio's semantics exactly: the
-stock methods are the same in Python 3.9 to 3.13 (checked by
-tests/test_loop.py against each version's source), and debug mode runs the
-stock iteration. On other Python versions the stock methods are used.
+``call_soon`` skips the debug-mode bookkeeping when debug is off. Both keep
+asyncio's semantics exactly: the stock methods are the same in Python 3.9
+to 3.13 (checked by tests/test_loop.py against each version's source), and
+debug mode runs the stock iteration. On other Python versions the stock methods are used.
 """
 from __future__ import annotations
 
@@ -142,18 +142,18 @@ class Loop(asyncio.SelectorEventLoop):
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
         super().__init__(selector)
 
-    # asyncio's time() is `return time.monotonic()` (in every version,
-    # checked by tests/test_loop.py): the function itself, as a static
-    # method, answers the same without a Python call frame, and the
-    # iteration reads the clock through it once or twice per turn.
-    time = staticmethod(_time.monotonic)  # type: ignore[assignment]
-
     @property
     def backend(self) -> str:
         """The notification backend: ``'epoll'``, ``'psn'`` or ``'afd'``."""
         return self._selector.backend
 
     if _FAST_PATH:
+        # asyncio's time() is `return time.monotonic()` (checked by
+        # tests/test_loop.py): the function itself, as a static method,
+        # answers the same without a Python call frame, and the iteration
+        # reads the clock through it once or twice per turn.
+        time = staticmethod(_time.monotonic)
+
         def call_soon(self, callback: Callable[[Unpack[_Ts]], object],
                       *args: Unpack[_Ts],
                       context: contextvars.Context | None = None) -> events.Handle:
