@@ -290,8 +290,18 @@ class Loop(asyncio.SelectorEventLoop):
                 if handle._cancelled:
                     continue
                 if type(handle) in _PLAIN_HANDLES:
+                    # No *args unpacking for the common shapes: it builds a
+                    # tuple per call (2,000 instructions a streams round
+                    # trip). Readiness callbacks and task steps take no
+                    # argument, futures' done callbacks one.
                     try:
-                        handle._context.run(handle._callback, *handle._args)
+                        args = handle._args
+                        if not args:
+                            handle._context.run(handle._callback)
+                        elif len(args) == 1:
+                            handle._context.run(handle._callback, args[0])
+                        else:
+                            handle._context.run(handle._callback, *args)
                     except (SystemExit, KeyboardInterrupt):
                         raise
                     except BaseException as exc:  # as Handle._run does
