@@ -227,7 +227,59 @@ def socket_pairs(n: int):
 def close_pairs(pairs) -> None:
     for pair in pairs:
         for s in pair:
-            s.close()
+            if s is not None:
+                s.close()
+
+
+# The far ends of the idle connections live in a child process: 10,000 idle
+# connections are then 10,000 descriptors here, not 20,000 (this machine's
+# hard RLIMIT_NOFILE is 20,000 and cannot be raised without root's
+# CAP_SYS_RESOURCE).
+_HOLDER = """
+import socket, sys
+listener = socket.socket()
+listener.bind((sys.argv[1], 0))
+listener.listen(4096)
+print(listener.getsockname()[1], flush=True)
+held = [listener.accept()[0] for _ in range(int(sys.argv[2]))]
+print(len(held), flush=True)
+sys.stdin.read()    # hold them until the parent closes our stdin
+"""
+
+
+def held_connections(n: int):
+    """n connected TCP loopback sockets whose peers a child process holds
+    open and silent; returns ``(pairs, holder)`` with pairs shaped as
+    socket_pairs() makes them (the far end None). Close with
+    release_held()."""
+    import subprocess
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, HOST, str(n)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    pairs = []
+    try:
+        port = int(holder.stdout.readline())
+        for _ in range(n):
+            client = socket.create_connection((HOST, port))
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client.setblocking(False)
+            pairs.append((client, None))
+        if int(holder.stdout.readline()) != n:
+            raise RuntimeError("the holder process did not accept every connection")
+    except BaseException:
+        release_held(pairs, holder)
+        raise
+    return pairs, holder
+
+
+def release_held(pairs, holder) -> None:
+    close_pairs(pairs)
+    holder.stdin.close()
+    try:
+        holder.wait(30)
+    except Exception:
+        holder.kill()
+        holder.wait()
+    holder.stdout.close()
 
 
 async def _recv_exactly(loop, sock, size):
@@ -405,7 +457,7 @@ async def idle(cfg):
     A selector whose iteration costs O(registered sockets) slows down here;
     one whose cost is O(ready sockets) does not.
     """
-    pairs = socket_pairs(cfg["idle"])
+    pairs, holder = held_connections(cfg["idle"])
     undo, tasks = lambda: None, []
     try:
         undo, tasks = await _watch_idle(pairs, "streams")
@@ -414,7 +466,7 @@ async def idle(cfg):
     finally:
         await _cancel(tasks)
         undo()
-        close_pairs(pairs)
+        release_held(pairs, holder)
 
 
 # -- memory ---------------------------------------------------------------------------

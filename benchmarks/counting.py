@@ -14,7 +14,9 @@ from typing import Callable, Dict, List, Tuple
 from loops import CONTROLS
 from runner import RAW, Platform, run_worker
 
-CASES = ["pingpong_streams", "pingpong_protocol"]
+# Every ping-pong case: each round trip is the same work, so N of them
+# subtract cleanly. trio expresses the streams case only.
+CASES = ["pingpong_streams", "pingpong_protocol", "pingpong_sock", "udp_pingpong"]
 TRIO_CASES = {"pingpong_streams"}
 
 

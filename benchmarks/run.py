@@ -193,7 +193,8 @@ def count_kernel_calls(platform: Platform, section: dict, options, progress) -> 
 def run_wine(options, cfg, progress) -> dict | None:
     """Windows CPython under Wine: the same rounds and memory figures."""
     loops = wanted_loops(options, WINDOWS_LOOPS)
-    cases = wanted(options, TIMED_CASES + MEMORY_CASES)
+    cases = [c for c in wanted(options, TIMED_CASES + MEMORY_CASES)
+             if not (c.startswith("idle_") and int(c[5:]) > runner.WINE_IDLE_MAX)]
     want_kernel_calls = wants_kernel_calls(options)
     if not loops or not (cases or want_kernel_calls):
         return None
