@@ -12,7 +12,17 @@ import time
 from functools import partial
 
 import trio
-from cases import BIG, HOST, PAYLOAD, _memory_reading, _per_connection, close_pairs, socket_pairs
+from cases import (
+    BIG,
+    HOST,
+    PAYLOAD,
+    _memory_reading,
+    _per_connection,
+    close_pairs,
+    held_connections,
+    release_held,
+    socket_pairs,
+)
 
 
 class Counter:
@@ -177,7 +187,7 @@ async def _watch_idle(nursery, pairs):
 
 
 async def idle(cfg):
-    pairs = socket_pairs(cfg["idle"])
+    pairs, holder = held_connections(cfg["idle"])
     try:
         async with trio.open_nursery() as nursery:
             await _watch_idle(nursery, pairs)
@@ -185,7 +195,7 @@ async def idle(cfg):
             nursery.cancel_scope.cancel()
         return result
     finally:
-        close_pairs(pairs)
+        release_held(pairs, holder)
 
 
 async def memory_streams(cfg):

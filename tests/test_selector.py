@@ -12,6 +12,7 @@ The kernel-call counters of the port (Port.counters) are the witness.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import selectors
 import signal
@@ -494,3 +495,17 @@ def test_posted_packet_wakes_a_blocked_select(selector, pair):
     selector.port.post(WAKEUP_KEY)
     waiter.join(5)
     assert not waiter.is_alive() and results == [[]]
+
+
+def test_the_select_call_takes_float_milliseconds_rounded_up(selector):
+    """The loop hands sn_port_select() its timeout as float milliseconds:
+    a fraction waits the whole next millisecond (never a poll that would
+    make the loop spin until the timer is due), NaN polls."""
+    from socknotify_loop.port import lib
+    for wanted in (0.25, 2.5):
+        start = time.perf_counter()
+        assert lib.sn_port_select(selector._handle, 0, wanted) == 0
+        assert time.perf_counter() - start >= math.ceil(wanted) / 1000 * 0.9
+    start = time.perf_counter()
+    assert lib.sn_port_select(selector._handle, 0, float("nan")) == 0
+    assert time.perf_counter() - start < 0.5
