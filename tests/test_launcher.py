@@ -11,13 +11,11 @@ import time
 from typing import Optional
 
 import pytest
+from servers import child_env
 
 import socknotify_loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Subprocesses import the same copy of the package as the tests (the source
-# tree here, the installed wheel under Wine).
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(socknotify_loop.__file__)))
 
 PROBE = textwrap.dedent("""\
     import asyncio, sys
@@ -44,10 +42,9 @@ OURS = f"{socknotify_loop.Loop.__module__}.{socknotify_loop.Loop.__qualname__}"
 def launch(*args: str, cwd: str, check: bool = True,
            env: Optional[dict] = None) -> subprocess.CompletedProcess:
     """Run ``python -m socknotify_loop *args``; ``env`` adds variables."""
-    env = {**os.environ, **(env or {})}
-    # Where the package under test was imported from: the source tree with
-    # its in-place build, or an installed wheel (the Windows runs).
-    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
+    # The copy of the package under test: the source tree with its in-place
+    # build, or an installed wheel (the Windows runs).
+    env = {**child_env(), **(env or {})}
     result = subprocess.run([sys.executable, "-m", "socknotify_loop", *args],
                             cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     if check:
@@ -362,8 +359,7 @@ def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
         pytest.skip("uvloop is installed: uvicorn --loop auto picks it (not covered)")
     (tmp_path / "app.py").write_text(APP)
     port = free_port()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env()
     # --limit-max-requests 1: uvicorn shuts down by itself after the request.
     server = subprocess.Popen(
         [sys.executable, "-m", "socknotify_loop", "-m", "uvicorn", "app:app",
