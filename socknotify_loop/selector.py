@@ -27,9 +27,11 @@ generation and drops whatever is still queued for a removed one, so the new
 owner of a slot never sees the old one's events.
 
 The hot path (``select()``, and :class:`~socknotify_loop.loop.Loop`, which
-reads the same buffer) costs one cffi call with three integer arguments:
-the port writes ``(slot, selector mask)`` pairs into a buffer bound to it
-once, and Python reads them with one ``memoryview.tolist()``. The mask is
+reads the same buffer) costs one cffi call with three arguments (the port,
+the number of queued changes, the timeout in milliseconds, a float the C
+side rounds up): the port writes ``(slot, selector mask)`` pairs into a
+buffer bound to it once, and Python reads them with one
+``memoryview.tolist()`` (the loop reads a single pair in place). The mask is
 computed in C the way ``selectors.EpollSelector`` computes it, and limited
 to what the registration asked for.
 
