@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import subprocess
 import sys
 import time
 
@@ -252,7 +253,6 @@ def held_connections(n: int):
     open and silent; returns ``(pairs, holder)`` with pairs shaped as
     socket_pairs() makes them (the far end None). Close with
     release_held()."""
-    import subprocess
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, HOST, str(n)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     pairs = []
@@ -276,7 +276,7 @@ def release_held(pairs, holder) -> None:
     holder.stdin.close()
     try:
         holder.wait(30)
-    except Exception:
+    except subprocess.TimeoutExpired:
         holder.kill()
         holder.wait()
     holder.stdout.close()

@@ -25,7 +25,7 @@ from present import (
     inner_band,
     label,
 )
-from runner import IDLE_SIZES, MEMORY_CASES, ROOT, TIMED_CASES
+from runner import IDLE_SIZES, MEMORY_CASES, ROOT, TIMED_CASES, measured_idle_sizes
 
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 #: a run made natively on Windows has its own page: it does not replace the
@@ -126,7 +126,7 @@ def rate_table(section: dict, platform: str) -> list[str]:
 
 def idle_table(section: dict) -> list[str]:
     summary = first_summary(section)
-    sizes = [n for n in IDLE_SIZES if f"idle_{n}" in summary] or list(IDLE_SIZES)
+    sizes = measured_idle_sizes(summary) or list(IDLE_SIZES)
     head = ["loop"] + [f"{n} idle" for n in sizes] + [f"{sizes[-1]} / {sizes[0]}"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for loop in section["usable"]:

@@ -293,18 +293,24 @@ def summarise(records: List[dict], ours: str, references: List[str]) -> dict:
     return summary
 
 
+def measured_idle_sizes(summary: dict) -> List[int]:
+    """The idle sizes a platform's summary has figures for (Wine stops at
+    WINE_IDLE_MAX), smallest first."""
+    return [n for n in IDLE_SIZES if f"idle_{n}" in summary]
+
+
 def idle_scaling(summary: dict, loops: List[str]) -> dict:
     """rate at the most idle connections / rate at the fewest, per loop
     (median rates)."""
-    measured = [n for n in IDLE_SIZES if f"idle_{n}" in summary]
+    measured = measured_idle_sizes(summary)
     if not measured:
         return {}
     low, high = f"idle_{measured[0]}", f"idle_{measured[-1]}"
+    sizes = {"low": measured[0], "high": measured[-1]}
     answer = {}
     for loop in loops:
         a = summary.get(low, {}).get("loops", {}).get(loop, {})
         b = summary.get(high, {}).get("loops", {}).get(loop, {})
-        sizes = {"low": measured[0], "high": measured[-1]}
         if a.get("stats") and b.get("stats"):
             answer[loop] = {"ratio": b["stats"]["median"] / a["stats"]["median"], **sizes}
         elif a or b:

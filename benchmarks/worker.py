@@ -35,7 +35,8 @@ def prepare_process(pin):
       orchestrator pins with taskset, wineserver included): client, server
       and loop share it, as they would in one real process, and migration
       noise goes away.
-    - Raise RLIMIT_NOFILE: 10,000 idle connections are 20,000 descriptors.
+    - Raise RLIMIT_NOFILE: the memory cases hold 5,000 socket pairs (10,000
+      descriptors), the idle cases up to 10,000 connections.
     - Allocate and free one 4 MiB block, so glibc's dynamic mmap threshold
       rises above asyncio's 256 KiB read buffer now, instead of mmap/munmap
       on every read of the first case (measured: 2-3x slower).
