@@ -156,9 +156,9 @@ def test_orphans_never_spin(sel, keeper, sockets):
     kernel items cannot be deleted by number any more. Their peers write;
     an idle second stays idle, however many orphans there are."""
     pairs = [pair() for _ in range(sockets)]
-    for i, (s, peer) in enumerate(pairs):
+    for i, (s, _) in enumerate(pairs):
         sel.register(s, READ, i)
-    for s, peer in pairs:
+    for _, peer in pairs:
         peer.send(b"x")
     # Reported and re-armed: as a long-lived registration stands.
     for _ in range(2):
@@ -296,7 +296,7 @@ def test_no_watch_left_never_loses_a_registration(epoll_faults):
         else:
             raise AssertionError("register() without a watch left did not raise")
         assert n not in sel.get_map()
-        assert sel.port.registered() == len(sel.get_map()) == 1
+        assert sel.port.registered == len(sel.get_map()) == 1
         disarm("add")
         sel.register(n, 1, "n")
         pn.send(b"4")
@@ -413,12 +413,13 @@ def _changes_per_finished_connection(idle_count, finished=20):
 @epoll_only
 @pytest.mark.timeout(60)
 def test_an_orphan_costs_the_same_whatever_else_is_registered():
-    """A finished connection costs a registration and its removal: two
-    epoll_ctl, as with selectors.EpollSelector, whether 10 or 2,000 other
-    connections are registered."""
+    """A finished connection costs its registration, one re-arm (the
+    iteration between the read and the done callback that removes the
+    reader) and its removal: three epoll_ctl (selectors.EpollSelector
+    makes two), whether 10 or 2,000 other connections are registered."""
     few = _changes_per_finished_connection(10)
     many = _changes_per_finished_connection(2000)
-    assert few <= 2.5 and many <= 2.5, (few, many)
+    assert few <= 3.5 and many <= 3.5, (few, many)
 
 
 # -- what EpollSelector accepts ---------------------------------------------------------
@@ -466,8 +467,8 @@ def test_register_huge_descriptor_raises_overflow_error(sel, fd):
 def test_changes_from_another_thread_while_selecting(backend):
     """One thread selects without pause while another registers, modifies,
     unregisters and closes sockets (numbers reused at once). Idle sockets
-    are never reported, no register raises, and when the dust settles the
-    port holds exactly the registrations the selector has."""
+    are never reported readable, no register raises, and when the dust
+    settles the port holds exactly the registrations the selector has."""
     sel = NotifySelector(backend)
     stop = threading.Event()
     false_reports = []
@@ -480,7 +481,9 @@ def test_changes_from_another_thread_while_selecting(backend):
         try:
             while not stop.is_set():
                 for key, mask in sel.select(0.001):
-                    if key.data != "busy":
+                    # Idle sockets may be reported writable (some are
+                    # watched for WRITE a moment), never readable.
+                    if key.data != "busy" and mask & READ:
                         false_reports.append((key.data, mask))
         except Exception as exc:  # noqa: BLE001 -- reported below
             errors.append(exc)
@@ -518,7 +521,7 @@ def test_changes_from_another_thread_while_selecting(backend):
         assert not errors, errors
         assert not false_reports, f"{len(false_reports)} reports for idle sockets"
         sel.select(0)   # changes still queued reach the port
-        assert sel.port.registered() == len(sel.get_map()) == len(live) + 1
+        assert sel.port.registered == len(sel.get_map()) == len(live) + 1
     finally:
         sel.close()
         for s, peer in live + [(busy, busy_peer)]:
@@ -551,7 +554,7 @@ def test_refused_select_loses_nothing(backend):
         assert results == [[]]
         sel.register(y, READ, "y")
         assert sel.select(0.3) == [], "x's readiness was reported for y"
-        assert sel.port.registered() == len(sel.get_map()) == 1
+        assert sel.port.registered == len(sel.get_map()) == 1
         py.send(b"now")
         assert [key.data for key, _ in sel.select(1)] == ["y"]
     finally:
