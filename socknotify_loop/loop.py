@@ -224,8 +224,10 @@ class Loop(asyncio.SelectorEventLoop):
             selector = self._selector
             # The selector's select(), inline: its lock is held from taking
             # the queued changes to reading the answer (see selector.py).
-            if not selector._selecting.acquire(False):
-                raise RuntimeError("select() is already running in another thread")
+            try:
+                token = selector._select_token.pop()
+            except IndexError:
+                raise RuntimeError("select() is already running in another thread") from None
             try:
                 got = _select(selector._handle,
                               selector._prepare() if selector._pending or selector._released
@@ -240,7 +242,7 @@ class Loop(asyncio.SelectorEventLoop):
                         got = selector._io_completed(got)
                     values = iter(selector._out[:got << 1].tolist())
             finally:
-                selector._selecting.release()
+                selector._select_token.append(token)
             if got == 1:
                 # Most iterations get exactly one event: read it in place.
                 # This is the loop below, written out for one pair: the

@@ -43,8 +43,8 @@ events, like ``EPOLLERR``, so its owner's callback meets the error in
 
 Threads: as with ``selectors.EpollSelector``, ``register``, ``modify`` and
 ``unregister`` may be called from any thread while one thread is inside
-``select``. The bookkeeping they share is guarded by one lock; a select
-holds a second one from the moment it takes the queued changes to the
+``select``. The bookkeeping they share is guarded by a lock; a select
+holds the select token from the moment it takes the queued changes to the
 moment it has read its answer, so a select refused because another thread
 is selecting has touched nothing. A slot freed by ``unregister`` is reused
 only from the next select on: an answer already in flight may still name
@@ -205,9 +205,13 @@ class NotifySelector(selectors.BaseSelector):
         self._unsent: set[int] = set()   # slots whose first ENABLE is still queued
         # Guards the bookkeeping above against other threads' changes.
         self._lock = threading.Lock()
-        # Held by the thread inside select(), from taking the queued
-        # changes to reading the answer out of the bound buffer.
-        self._selecting = threading.Lock()
+        # The select token: popped by the thread entering select(), from
+        # taking the queued changes to reading the answer out of the bound
+        # buffer, and put back after. A one-item list rather than a Lock:
+        # list.pop() and append() are as atomic as acquire(False) and
+        # release(), and cost a fraction of them on the loop's hot path
+        # (a Lock's acquire parses its arguments at every call).
+        self._select_token: list[bool] = [True]
         self._map: _SelectorMapping | None = _SelectorMapping(self)
         #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
         #: completions each wait dequeues (Windows handles associated with
@@ -224,7 +228,7 @@ class NotifySelector(selectors.BaseSelector):
 
     def _bind(self, room: int, changes_room: int) -> bool:
         """Lend the port buffers for ``room`` ready registrations per select
-        and ``changes_room`` changes (the caller holds ``_selecting``, or
+        and ``changes_room`` changes (the caller holds the select token, or
         is ``__init__``). False if a select is running in another thread
         (the old buffers stay bound, and stay alive)."""
         words = _WORDS_PER_PAIR * (room + changes_room)
@@ -374,13 +378,17 @@ class NotifySelector(selectors.BaseSelector):
             records[fd] = _new_record(_Record, (key, slot))
             if not known_to_port:
                 self._unsent.add(slot)
-        if len(records) > self._room and self._selecting.acquire(False):
+        if len(records) > self._room and self._select_token:
             # Room for every registration to be ready at once; when a
             # select is running, the next register tries again.
             try:
+                token = self._select_token.pop()
+            except IndexError:
+                return key
+            try:
                 self._bind(self._room * 2, self._changes_room)
             finally:
-                self._selecting.release()
+                self._select_token.append(token)
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
@@ -448,7 +456,7 @@ class NotifySelector(selectors.BaseSelector):
         self._pending = [c for c in self._pending if c.key != slot]
 
     def _prepare(self) -> int:
-        """Start a select (``_selecting`` held): free the slots released
+        """Start a select (the select token held): free the slots released
         since the last one and move the queued changes into the bound
         buffer; returns how many changes there are."""
         with self._lock:
@@ -463,7 +471,7 @@ class NotifySelector(selectors.BaseSelector):
                 room = self._changes_room
                 while room < count:
                     room *= 2
-                # Cannot be refused: this thread holds _selecting.
+                # Cannot be refused: this thread holds the select token.
                 self._bind(self._room, room)
             buffer = self._changes_buffer
             pack_into = _REGISTRATION.pack_into
@@ -523,8 +531,10 @@ class NotifySelector(selectors.BaseSelector):
         """
         wait_ms = timeout_ms(timeout)
         deadline = _monotonic() + timeout if wait_ms > 0 else None  # type: ignore[operator]
-        if not self._selecting.acquire(False):
-            raise RuntimeError("select() is already running in another thread")
+        try:
+            token = self._select_token.pop()
+        except IndexError:
+            raise RuntimeError("select() is already running in another thread") from None
         try:
             got = self._wait(wait_ms)
             if got < 0:
@@ -533,7 +543,7 @@ class NotifySelector(selectors.BaseSelector):
                 return []
             values = self._out[:got * _WORDS_PER_PAIR].tolist()
         finally:
-            self._selecting.release()
+            self._select_token.append(token)
         keys = self._keys
         return [(key, mask) for slot, mask in zip(values[::2], values[1::2])
                 if (key := keys[slot]) is not None]
