@@ -72,8 +72,13 @@
 #include <stddef.h>
 #include <stdlib.h>
 
-/* The SDK's x64 layout, which the kernel reads: checked, not assumed. */
-#ifdef _WIN64
+/* The SDK's 64-bit layout (x64 and ARM64 alike), which the kernel reads:
+   checked, not assumed, on every Windows build (sn_win.h refuses 32-bit
+   Windows outright, so these can never be compiled out). */
+_Static_assert(sizeof(void *) == 8 && sizeof(ULONG_PTR) == 8 && sizeof(SOCKET) == 8,
+               "64-bit pointers, completion keys and sockets");
+_Static_assert(sizeof(((OVERLAPPED_ENTRY *)0)->lpCompletionKey) == sizeof(uint64_t),
+               "a completion key carries a 64-bit kernel key");
 _Static_assert(sizeof(SOCK_NOTIFY_REGISTRATION) == 24, "SOCK_NOTIFY_REGISTRATION size");
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, socket) == 0, "socket offset");
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, completionKey) == 8, "completionKey offset");
@@ -83,7 +88,6 @@ _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, triggerFlags) == 19, "triggerF
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, registrationResult) == 20,
                "registrationResult offset");
 _Static_assert(sizeof(OVERLAPPED_ENTRY) == 32, "OVERLAPPED_ENTRY size");
-#endif
 
 /* Our constants are PSN's values (socknotify.h says so; keep it true). */
 _Static_assert(SN_EVENT_IN == SOCK_NOTIFY_EVENT_IN && SN_EVENT_OUT == SOCK_NOTIFY_EVENT_OUT &&
