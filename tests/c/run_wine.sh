@@ -33,6 +33,13 @@ done
 "$cc" $flags -I"$core" "$here/test_afd_polyfill.c" "$out"/*.o \
     -o "$out/test_afd_polyfill.exe" -lws2_32 -lntdll
 echo "built $out/test_afd_polyfill.exe"
+# The core's internals through their seams: the base-socket lookup under a
+# played layered provider, and the allocations per wait, counted by
+# wrapping the C allocator at link time (the core objects stay as built).
+"$cc" $flags -I"$core" "$here/test_win_internals.c" "$out"/*.o \
+    -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc \
+    -o "$out/test_win_internals.exe" -lws2_32 -lntdll
+echo "built $out/test_win_internals.exe"
 [ -z "${NO_RUN:-}" ] || exit 0
 
 export WINEPREFIX=${WINEPREFIX:-$root/.wine-cache/prefix-ctest}
@@ -40,3 +47,4 @@ export WINEDEBUG=${WINEDEBUG:--all}
 wine=$(command -v wine64 || command -v wine)
 # Windows programs under Wine want a stdin; the first run creates the prefix.
 "$wine" "$out/test_afd_polyfill.exe" </dev/null
+"$wine" "$out/test_win_internals.exe" </dev/null
