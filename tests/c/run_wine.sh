@@ -30,6 +30,24 @@ for src in "$core"/*.c; do
     f=$(basename "$src")
     "$cc" $flags -c "$src" -o "$out/${f%.c}.o"
 done
+# Portability of the Windows C: ISO C11 with no GNU extension and no VLA
+# (the dialect MSVC compiles with /std:c11, as socknotify_loop/_build.py
+# asks for it), every file, no warning.
+for src in "$core"/*.c; do
+    "$cc" -std=c11 -pedantic -Wall -Wextra -Wvla -Werror -fsyntax-only "$src"
+done
+# A 32-bit Windows build must stop with the core's own message: its keys
+# are 64-bit and PVOID/ULONG_PTR are 32-bit there (sn_win.h).
+if "$cc" -m32 -fsyntax-only "$core/sn_iocp.c" 2>"$out/win32.log"; then
+    echo "a 32-bit Windows build of the core compiled: sn_win.h must refuse it" >&2
+    exit 1
+fi
+if ! grep -q "supports 64-bit Windows only" "$out/win32.log"; then
+    cat "$out/win32.log" >&2
+    echo "a 32-bit Windows build failed without the core's own #error" >&2
+    exit 1
+fi
+echo "ISO C11 (-pedantic) on every core file, and the 32-bit refusal: ok"
 "$cc" $flags -I"$core" "$here/test_afd_polyfill.c" "$out"/*.o \
     -o "$out/test_afd_polyfill.exe" -lws2_32 -lntdll
 echo "built $out/test_afd_polyfill.exe"
