@@ -380,6 +380,55 @@ static void test_select_allocates_once(void) {
     sn_port_free(port);
 }
 
+/* A busy selector: more registrations in one select (its changes and the
+   re-arms of what the last select delivered) than the port layer's stack
+   holds. The select path keeps those buffers in the port too. */
+#define BUSY 24
+static void test_busy_select_allocates_once(void) {
+    int error = 0, i;
+    LONG before;
+    sn_port_t *port = sn_port_open(SN_BACKEND_AFD, &error);
+    static sn_registration_t changes[BUSY];
+    static uint64_t out[2 * 400];
+    SOCKET a[BUSY], b[BUSY];
+    int64_t answer;
+
+    CHECK(port != NULL);
+    if (port == NULL)
+        return;
+    CHECK_EQ(sn_port_bind(port, changes, BUSY, out, 2 * 400), 0);
+    for (i = 0; i < BUSY; i++) {
+        make_pair(&a[i], &b[i]);
+        memset(&changes[i], 0, sizeof changes[i]);
+        changes[i].socket = (uint64_t)a[i];
+        changes[i].key = (uint64_t)i + 1;
+        changes[i].events = SN_EVENT_OUT;          /* ready at once, every time */
+        changes[i].op = SN_OP_ENABLE;
+        changes[i].trigger = SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL;
+    }
+    /* All 24 changes in one select, then the re-arms of 24 one-shot
+       deliveries in each select after it. */
+    answer = sn_port_select(port, BUSY, 2000.0);
+    CHECK(answer > 0);
+    for (i = 0; i < 3; i++)
+        CHECK(sn_port_select(port, 0, 2000.0) > 0);   /* warm-up */
+    before = allocations;
+    for (i = 0; i < 50; i++) {
+        answer = sn_port_select(port, 0, 2000.0);
+        CHECK(answer > 0);
+    }
+    if (allocations != before)
+        fprintf(stderr, "  %ld allocations in 50 busy selects\n",
+                (long)(allocations - before));
+    CHECK_EQ(allocations - before, 0);
+    sn_port_close(port);
+    sn_port_free(port);
+    for (i = 0; i < BUSY; i++) {
+        closesocket(a[i]);
+        closesocket(b[i]);
+    }
+}
+
 /* Several threads waiting at once each need a buffer of their own: the
    port ends up with at most one per thread, and every posted packet still
    reaches exactly one waiter. */
@@ -480,6 +529,7 @@ int main(void) {
     RUN(test_base_wine);
     RUN(test_polyfill_through_lsp);
     RUN(test_select_allocates_once);
+    RUN(test_busy_select_allocates_once);
     RUN(test_threads_share_buffers);
     RUN(test_buffer_out_of_memory);
     closesocket(listener);
