@@ -8,12 +8,19 @@
 #   NO_RUN=1 tests/c/run_wine.sh   # build (and warning check) only
 #
 # Wine 8 has no ProcessSocketNotifications, so this exercises the
-# IOCTL_AFD_POLL polyfill; the psn backend is compile-checked only.
+# IOCTL_AFD_POLL polyfill; the psn backend is compile-checked only. On
+# Windows itself (Git Bash or MSYS2, with a mingw-w64 gcc on PATH: the
+# c-tests job of .github/workflows/windows.yml) the same script builds with
+# that gcc and runs the programs natively, psn included where the OS has it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 core="$root/socknotify_loop/_core"
-cc=${MINGW_CC:-x86_64-w64-mingw32-gcc}
+case "$(uname -s)" in
+    MINGW*|MSYS*|CYGWIN*) native=1; default_cc=gcc ;;
+    *) native=; default_cc=x86_64-w64-mingw32-gcc ;;
+esac
+cc=${MINGW_CC:-$default_cc}
 out=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 [ -n "${OUT_DIR:-}" ] || trap 'rm -rf "$out"' EXIT
@@ -60,6 +67,11 @@ echo "built $out/test_afd_polyfill.exe"
 echo "built $out/test_win_internals.exe"
 [ -z "${NO_RUN:-}" ] || exit 0
 
+if [ -n "$native" ]; then
+    "$out/test_afd_polyfill.exe" </dev/null
+    "$out/test_win_internals.exe" </dev/null
+    exit 0
+fi
 export WINEPREFIX=${WINEPREFIX:-$root/.wine-cache/prefix-ctest}
 export WINEDEBUG=${WINEDEBUG:--all}
 wine=$(command -v wine64 || command -v wine)
