@@ -143,6 +143,13 @@ struct sn_port {
     uint64_t *bound_out;
     uint32_t bound_out_cap;
     sn_kevent_t *bound_events;  /* ours: the kernel events of a select */
+    /* The select path's kernel registrations and their bookkeeping when
+       they do not fit on the stack (sn__run), grown once and kept: one
+       thread selects at a time (`selecting`), and a busy loop re-arms
+       more than a stack's worth of sockets on every select. */
+    sn_registration_t *select_kregs;
+    void *select_pending;       /* sn_pending_t[], private to sn_port.c */
+    uint32_t select_scratch_cap;
 
     /* Kernel calls made for this port (SN_COUNT_*). */
     volatile uint64_t counters[SN_COUNTERS];

@@ -447,6 +447,11 @@ static void sn__release(sn_port_t *port, int inherited) {
     free(port->rearm_slots);
     free(port->bound_events);
     port->bound_events = NULL;
+    free(port->select_kregs);
+    free(port->select_pending);
+    port->select_kregs = NULL;
+    port->select_pending = NULL;
+    port->select_scratch_cap = 0;
     port->bound_changes = NULL;
     port->bound_out = NULL;
     port->records = NULL;
@@ -793,9 +798,29 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
     return n;
 }
 
-/* Small batches translate on the stack; larger ones allocate. */
+/* Small batches translate on the stack; larger ones allocate, except on
+   the select path, which keeps its buffers in the port. */
 #define SN_STACK_REGS    16
 #define SN_STACK_EVENTS  256
+
+/* Make the select path's scratch hold `total` registrations (lock held;
+   only the selecting thread gets here). 0, or SN_ERROR_NO_MEMORY with
+   the old scratch kept. */
+static int sn__grow_select_scratch(sn_port_t *port, uint32_t total) {
+    sn_registration_t *kregs = malloc((size_t)total * sizeof *kregs);
+    sn_pending_t *pending = malloc((size_t)total * sizeof *pending);
+    if (kregs == NULL || pending == NULL) {
+        free(kregs);
+        free(pending);
+        return SN_ERROR_NO_MEMORY;
+    }
+    free(port->select_kregs);
+    free(port->select_pending);
+    port->select_kregs = kregs;
+    port->select_pending = pending;
+    port->select_scratch_cap = total;
+    return 0;
+}
 
 /* The one routine behind sn_port_process() and sn_port_select(): apply
    re-arms and changes, wait, translate; wait again for the time left while
@@ -811,6 +836,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     sn_kevent_t *events = stack_events;
     uint32_t internal = 0, total, refused;
     int64_t deadline = 0;
+    int scratch = 0;     /* kregs and pending are the port's (select path) */
     int err = 0;
 
     if (given_events != NULL) {
@@ -827,7 +853,18 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     if (flags & SN_PROCESS_REARM)
         port->rearm_mode = 1;
     total = count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0);
-    if (total > SN_STACK_REGS) {
+    if (total > SN_STACK_REGS && given_events != NULL) {
+        /* The select path (the only caller with its own events buffer):
+           the port's scratch, grown once. */
+        if (total > port->select_scratch_cap && sn__grow_select_scratch(port, total) != 0) {
+            sn_mutex_unlock(&port->lock);
+            err = SN_ERROR_NO_MEMORY;
+            goto out;
+        }
+        kregs = port->select_kregs;
+        pending = port->select_pending;
+        scratch = 1;
+    } else if (total > SN_STACK_REGS) {
         kregs = malloc((size_t)total * sizeof *kregs);
         pending = malloc((size_t)total * sizeof *pending);
         if (kregs == NULL || pending == NULL) {
@@ -891,9 +928,9 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         }
     }
 out:
-    if (kregs != stack_kregs)
+    if (!scratch && kregs != stack_kregs)
         free(kregs);
-    if (pending != stack_pending)
+    if (!scratch && pending != stack_pending)
         free(pending);
     if (events != stack_events && events != given_events)
         free(events);
