@@ -40,7 +40,6 @@ import heapq
 import inspect
 import sys
 import time as _time
-import warnings
 from asyncio import base_events, events, format_helpers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -325,38 +324,3 @@ class Loop(asyncio.SelectorEventLoop):
                 else:
                     handle._run()
             handle = None  # break cycles when an exception occurs
-
-
-# -- the policy API, for programs that pick their loop through a policy --------
-# (Python 3.9-3.13). socknotify_loop.__getattr__ serves these two names and
-# warns on 3.14+, where asyncio deprecates policies.
-
-def _default_policy_class() -> type:
-    """asyncio's default policy class for this platform (child watchers on
-    Unix), fetched without the DeprecationWarning Python 3.14 attaches to it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return asyncio.DefaultEventLoopPolicy
-
-
-class EventLoopPolicy(_default_policy_class()):  # type: ignore[misc]
-    """asyncio's default event loop policy, making ``socknotify_loop.Loop``
-    loops (the platform's class).
-
-    ``asyncio.set_event_loop_policy(EventLoopPolicy())`` makes
-    ``asyncio.run``, ``asyncio.new_event_loop`` and ``get_event_loop`` use
-    socknotify_loop on Python 3.9-3.13.
-    """
-
-    def new_event_loop(self) -> Loop:
-        """A new ``socknotify_loop.Loop``."""
-        from . import new_event_loop
-        return new_event_loop()
-
-
-def install() -> None:
-    """Make :class:`EventLoopPolicy` asyncio's event loop policy."""
-    with warnings.catch_warnings():
-        # Ours has been emitted already where it applies (3.14+).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        asyncio.set_event_loop_policy(EventLoopPolicy())
