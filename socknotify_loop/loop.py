@@ -44,7 +44,6 @@ from asyncio import base_events, events, format_helpers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .port import lib as _lib  # type: ignore[attr-defined]  # not in port.__all__
 from .selector import NotifySelector
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
@@ -52,7 +51,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
 
     _Ts = TypeVarTuple("_Ts")
 
-_select = _lib.sn_port_select
 _PAIRS = 0xFFFFFFFF
 _Handle = events.Handle
 _new_object = object.__new__
@@ -220,28 +218,27 @@ class Loop(asyncio.SelectorEventLoop):
             else:
                 wait_ms = -1
 
-            selector = self._selector
-            # The selector's select(), inline: its lock is held from taking
-            # the queued changes to reading the answer (see selector.py).
+            # The selector's select(), inline, through the one object the
+            # selector offers for it (selector.FastPath): its token is held
+            # from taking the queued changes to reading the answer.
+            fast = self._selector.fast_path
             try:
-                token = selector._select_token.pop()
+                token = fast.token.pop()
             except IndexError:
                 raise RuntimeError("select() is already running in another thread") from None
             try:
-                got = _select(selector._handle,
-                              selector._prepare() if selector._pending or selector._released
-                              else 0,
-                              wait_ms)
+                got = fast.select(fast.prepare() if fast.pending or fast.released else 0,
+                                  wait_ms)
                 if got == 1:
-                    out = selector._out
-                    key = selector._keys[out[0]]
+                    out = fast.out
+                    key = fast.keys[out[0]]
                     mask = out[1]
                 elif got > 0:
                     if got > _PAIRS:
-                        got = selector._io_completed(got)
-                    values = iter(selector._out[:got << 1].tolist())
+                        got = fast.io_completed(got)
+                    values = iter(fast.out[:got << 1].tolist())
             finally:
-                selector._select_token.append(token)
+                fast.token.append(token)
             if got == 1:
                 # Most iterations get exactly one event: read it in place.
                 # This is the loop below, written out for one pair: the
@@ -264,7 +261,7 @@ class Loop(asyncio.SelectorEventLoop):
                         else:
                             ready.append(writer)
             elif got > 0:
-                keys = selector._keys
+                keys = fast.keys
                 for slot, mask in zip(values, values):
                     key = keys[slot]
                     if key is None:
@@ -281,7 +278,7 @@ class Loop(asyncio.SelectorEventLoop):
                         else:
                             ready.append(writer)
             elif got < 0:
-                selector._raise_for(got)
+                fast.raise_for(got)
 
             # Timers that are due.
             if scheduled:

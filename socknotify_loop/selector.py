@@ -64,14 +64,7 @@ from collections.abc import Callable, Iterator, Mapping
 from time import monotonic as _monotonic
 from typing import Any, NamedTuple
 
-# The ignore is for ffi and lib, the compiled core's objects: port.py
-# imports them without listing them in its __all__, and mypy --strict
-# wants an explicit re-export.
-from .port import (  # type: ignore[attr-defined]
-    _ERROR_BUSY,
-    _ERROR_CLOSED,
-    _ERROR_INTERRUPTED,
-    _REGISTRATION,
+from .port import (
     EVENT_HANGUP,
     EVENT_IN,
     EVENT_OUT,
@@ -82,21 +75,17 @@ from .port import (  # type: ignore[attr-defined]
     TRIGGER_ONESHOT,
     Change,
     Port,
-    _os_error,
-    ffi,
-    lib,
     timeout_ms,
 )
 from .port import _fileno as _fileobj_to_fd  # validated as selectors do
 
-__all__ = ["WAKEUP_KEY", "IOCompletionHandler", "NotifySelector"]
+__all__ = ["WAKEUP_KEY", "FastPath", "IOCompletionHandler", "NotifySelector"]
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
 SelectorKey = selectors.SelectorKey
 
 _ONESHOT_LEVEL = TRIGGER_ONESHOT | TRIGGER_LEVEL
-_change_now = lib.sn_port_change
 
 #: A key for ``selector.port.post(WAKEUP_KEY)``: it makes a waiting
 #: select() return (with ``[]`` if nothing else is ready). Any posted key
@@ -129,6 +118,42 @@ _MAX_EPOLL_FD = 0x7FFFFFFF
 # sn_port_select()'s answer: pairs in the low 32 bits, I/O keys above.
 _PAIRS = 0xFFFFFFFF
 _WORDS_PER_PAIR = 2     # (slot, selector mask), each a uint64
+
+
+class FastPath:
+    """What a loop's iteration reads of a :class:`NotifySelector`, in one
+    object it fetches once per iteration (``selector.fast_path``): the
+    loop then makes the select call itself and reads the answer in place,
+    without the list and tuples :meth:`NotifySelector.select` builds. The
+    protocol is the one ``select()`` follows::
+
+        token = fast.token.pop()          # IndexError: another thread selects
+        try:
+            got = fast.select(fast.prepare() if fast.pending or fast.released
+                              else 0, wait_ms)
+            # got > 0xFFFFFFFF: got = fast.io_completed(got)
+            # pairs (slot, mask): fast.out[2*i], fast.out[2*i + 1];
+            # the key is fast.keys[slot] (None: unregistered meanwhile)
+        finally:
+            fast.token.append(token)
+        # got < 0: fast.raise_for(got)
+
+    The attributes always name the selector's current objects (the lists
+    are never replaced, ``out`` is updated when the buffers are bound
+    anew)."""
+
+    __slots__ = ("select", "token", "pending", "released", "prepare", "out", "keys",
+                 "io_completed", "raise_for")
+
+    select: Callable[[int, float], int]
+    token: list[bool]
+    pending: list[Change]
+    released: list[int]
+    prepare: Callable[[], int]
+    out: Any
+    keys: list[SelectorKey | None]
+    io_completed: Callable[[int], int]
+    raise_for: Callable[[int], None]
 
 
 class _Record(NamedTuple):
@@ -188,9 +213,9 @@ class NotifySelector(selectors.BaseSelector):
     """
 
     def __init__(self, backend: str | None = None) -> None:
-        self._port = Port(backend)
-        self._handle = self._port._handle
-        self._at_once = self._port.changes_at_once
+        self._port = port = Port(backend)
+        self._at_once = port.changes_at_once
+        self._change_now = port.change_function()
         # fd -> _Record: the one record per registration.
         self._records: dict[int, _Record] = {}
         # slot -> SelectorKey (None when free): the hot path's index from
@@ -222,37 +247,36 @@ class NotifySelector(selectors.BaseSelector):
         self.io_completion_handler: IOCompletionHandler | None = None
         self._room = 0
         self._changes_room = 0
+        fast = self._fast = FastPath()
+        fast.select = port.select_function()
+        fast.token = self._select_token
+        fast.pending = self._pending
+        fast.released = self._released
+        fast.prepare = self._prepare
+        fast.keys = self._keys
+        fast.io_completed = self._io_completed
+        fast.raise_for = self._raise_for
         self._bind(256, 64)
 
     # -- buffers -----------------------------------------------------------------
 
     def _bind(self, room: int, changes_room: int) -> bool:
-        """Lend the port buffers for ``room`` ready registrations per select
-        and ``changes_room`` changes (the caller holds the select token, or
-        is ``__init__``). False if a select is running in another thread
-        (the old buffers stay bound, and stay alive)."""
-        words = _WORDS_PER_PAIR * (room + changes_room)
-        out = ffi.new("uint64_t[]", words)
-        changes = ffi.new("sn_registration_t[]", changes_room)
-        err = lib.sn_port_bind(self._handle, changes, changes_room, out, words)
-        if err == _ERROR_BUSY:
+        """Have the port bind buffers for ``room`` ready registrations per
+        select and ``changes_room`` changes (the caller holds the select
+        token, or is ``__init__``). False if a select is running in
+        another thread (the old buffers stay bound)."""
+        bound = self._port.bind_select_buffers(room + changes_room, changes_room)
+        if bound is None:
             return False
-        self._check(err)
-        # The port writes only into bound buffers: after the bind the old
-        # ones are ours to drop.
-        self._out_cdata, self._changes_cdata = out, changes
-        self._out = memoryview(ffi.buffer(out)).cast("Q")
-        self._changes_buffer = ffi.buffer(changes)
-        self._room, self._changes_room = room, changes_room
+        self._out, self._changes_room = bound
+        self._fast.out = self._out
+        self._room = room
         return True
 
-    def _check(self, err: int) -> None:
-        if err == _ERROR_CLOSED:
-            raise ValueError("I/O operation on a closed selector")
-        if err == _ERROR_BUSY:
-            raise RuntimeError("select() is already running in another thread")
-        if err:
-            raise _os_error(err, "select failed")
+    @property
+    def fast_path(self) -> FastPath:
+        """The selector as a loop's iteration reads it (see :class:`FastPath`)."""
+        return self._fast
 
     # -- introspection ---------------------------------------------------------
 
@@ -302,12 +326,11 @@ class NotifySelector(selectors.BaseSelector):
         means the descriptor was closed first, which the stdlib selectors
         ignore too."""
         if self._at_once:
-            code = _change_now(self._handle, fd, slot, events, op, trigger)
+            code = self._change_now(fd, slot, events, op, trigger)
             if code:
-                if code == _ERROR_CLOSED and self._port.closed:
-                    raise ValueError("I/O operation on a closed selector")
-                if op == OP_ENABLE:
-                    raise _os_error(code)
+                error = self._port.change_error(code)
+                if op != OP_REMOVE or isinstance(error, ValueError):
+                    raise error
         else:
             self._pending.append(_new_change(Change, (fd, slot, events, op, trigger)))
 
@@ -347,9 +370,9 @@ class NotifySelector(selectors.BaseSelector):
                 if fd > _MAX_EPOLL_FD:
                     raise OverflowError(f"file descriptor {fd} does not fit a C int")
             else:
-                code = self._port._probe(fd)
+                code = self._port.probe(fd)
                 if code:
-                    raise _os_error(code)
+                    raise self._port.change_error(code)
             keys = self._keys
             free = self._free
             slot = free[-1] if free else len(keys)
@@ -453,7 +476,7 @@ class NotifySelector(selectors.BaseSelector):
 
     def _drop_pending(self, slot: int) -> None:
         """Forget the queued changes of ``slot`` (``_lock`` held)."""
-        self._pending = [c for c in self._pending if c.key != slot]
+        self._pending[:] = [c for c in self._pending if c.key != slot]
 
     def _prepare(self) -> int:
         """Start a select (the select token held): free the slots released
@@ -473,11 +496,7 @@ class NotifySelector(selectors.BaseSelector):
                     room *= 2
                 # Cannot be refused: this thread holds the select token.
                 self._bind(self._room, room)
-            buffer = self._changes_buffer
-            pack_into = _REGISTRATION.pack_into
-            size = _REGISTRATION.size
-            for offset, change in zip(range(0, count * size, size), pending):
-                pack_into(buffer, offset, *change, 0)
+            self._port.pack_bound_changes(pending)
             pending.clear()
             self._unsent.clear()
             return count
@@ -501,25 +520,26 @@ class NotifySelector(selectors.BaseSelector):
         return pairs
 
     def _raise_for(self, got: int) -> None:
-        """The exception for a negative sn_port_select() answer; nothing for
+        """Raise the exception for a negative select answer; nothing for
         an interrupted wait (the signal handler runs when Python resumes)."""
-        if -got != _ERROR_INTERRUPTED:
-            self._check(-got)
+        error = self._port.select_error(-got)
+        if error is not None:
+            raise error
 
-    def _wait(self, wait_ms: int) -> int:
+    def _wait(self, wait_ms: float) -> int:
         """Apply queued changes and re-arms, wait, and return how many
         (slot, mask) pairs are at the front of ``self._out``. I/O
         completions go to :attr:`io_completion_handler`; a wait interrupted
         by a signal before anything arrived returns -1 (the signal's Python
         handler runs as soon as Python resumes)."""
-        count = self._prepare() if self._pending or self._released else 0
-        got: int = lib.sn_port_select(self._handle, count, wait_ms)
+        fast = self._fast
+        count = fast.prepare() if fast.pending or fast.released else 0
+        got: int = fast.select(count, wait_ms)
         if got > _PAIRS:
             return self._io_completed(got)
         if got < 0:
-            if -got == _ERROR_INTERRUPTED:
-                return -1
-            self._check(-got)
+            self._raise_for(got)
+            return -1
         return got
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
@@ -569,7 +589,7 @@ class NotifySelector(selectors.BaseSelector):
         """Close the port and forget every registration. Idempotent."""
         with self._lock:
             self._records.clear()
-            self._keys = [None]
+            self._keys[:] = [None]
             self._free.clear()
             self._released.clear()
             self._pending.clear()
