@@ -241,10 +241,10 @@ class Loop(asyncio.SelectorEventLoop):
                 fast.token.append(token)
             if got == 1:
                 # Most iterations get exactly one event: read it in place.
-                # This is the loop below, written out for one pair: the
-                # tuple, the iterator and the loop cost 1,200 instructions
-                # an iteration (callgrind); writing the dispatch once for
-                # both paths cost 700 a round trip.
+                # This is the loop below, written out for one pair, which
+                # saves its tuple, iterator and loop; writing the dispatch
+                # once for both paths cost more than the copy (the figures
+                # are in docs/design.md).
                 # A mask is 1 (read), 2 (write) or 3 (both), never 0: the
                 # tests below use !=, which Python specialises for small
                 # ints, where & is a generic call.
@@ -303,9 +303,9 @@ class Loop(asyncio.SelectorEventLoop):
                     continue
                 if type(handle) in _PLAIN_HANDLES:
                     # No *args unpacking for the common shapes: it builds a
-                    # tuple per call (2,000 instructions a streams round
-                    # trip). Readiness callbacks and task steps take no
-                    # argument, futures' done callbacks one.
+                    # tuple per call (docs/design.md has what it cost).
+                    # Readiness callbacks and task steps take no argument,
+                    # futures' done callbacks one.
                     try:
                         args = handle._args
                         if not args:
