@@ -140,6 +140,8 @@ class Loop(asyncio.SelectorEventLoop):
         elif not isinstance(selector, NotifySelector):
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
         super().__init__(selector)
+        # The selector's fast-path object, the same for its whole life.
+        self._fast_path = self._selector.fast_path
 
     @property
     def backend(self) -> str:
@@ -221,7 +223,7 @@ class Loop(asyncio.SelectorEventLoop):
             # The selector's select(), inline, through the one object the
             # selector offers for it (selector.FastPath): its token is held
             # from taking the queued changes to reading the answer.
-            fast = self._selector.fast_path
+            fast = self._fast_path
             try:
                 token = fast.token.pop()
             except IndexError:

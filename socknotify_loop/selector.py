@@ -247,7 +247,9 @@ class NotifySelector(selectors.BaseSelector):
         self.io_completion_handler: IOCompletionHandler | None = None
         self._room = 0
         self._changes_room = 0
-        fast = self._fast = FastPath()
+        #: The selector as a loop's iteration reads it (see :class:`FastPath`):
+        #: the same object for the selector's whole life.
+        fast = self.fast_path = self._fast = FastPath()
         fast.select = port.select_function()
         fast.token = self._select_token
         fast.pending = self._pending
@@ -272,11 +274,6 @@ class NotifySelector(selectors.BaseSelector):
         self._fast.out = self._out
         self._room = room
         return True
-
-    @property
-    def fast_path(self) -> FastPath:
-        """The selector as a loop's iteration reads it (see :class:`FastPath`)."""
-        return self._fast
 
     # -- introspection ---------------------------------------------------------
 
