@@ -544,8 +544,11 @@ class NotifySelector(selectors.BaseSelector):
         finally:
             self._selecting.release()
         keys = self._keys
-        return [(key, mask) for slot, mask in zip(values[::2], values[1::2])
-                if (key := keys[slot]) is not None]
+        # Masked with the key read now, as EpollSelector does: the port
+        # limited the mask to the registration's events at the wait, and a
+        # modify() in another thread may have changed them since.
+        return [(key, ready) for slot, mask in zip(values[::2], values[1::2])
+                if (key := keys[slot]) is not None and (ready := mask & key.events)]
 
     def _wait_again(self, wait_ms: int, deadline: float | None) -> int:
         """A signal cut the wait short and its Python handler did not raise:
