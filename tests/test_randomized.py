@@ -195,7 +195,8 @@ class _Holder:
     def __init__(self) -> None:
         self.ctl, theirs = socket.socketpair()
         try:
-            self.child = subprocess.Popen([sys.executable, "-c", _HOLDER, str(theirs.fileno())],
+            self.child = subprocess.Popen([sys.executable, "-S", "-I", "-c", _HOLDER,
+                                           str(theirs.fileno())],
                                           pass_fds=[theirs.fileno()])
         finally:
             theirs.close()
@@ -278,7 +279,7 @@ class SelectorVersusReference(RuleBasedStateMachine):
             self.holder.close()
 
     def _both(self, name, *args):
-        old = self.ours.get_map().get(args[0])
+        old = self.ours.get_map().get(args[0]) if name == "modify" else None
         got = _outcome(lambda: getattr(self.ours, name)(*args))
         want = _outcome(lambda: getattr(self.ref, name)(*args))
         reference = type(self.ref).__name__
