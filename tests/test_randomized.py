@@ -31,8 +31,9 @@
    reference as above.
 
    A second thread: a rule runs a few register/modify/unregister calls
-   (and select attempts, refused while the main thread selects) in a
-   worker thread while the main thread selects with a short timeout. Each
+   (and select attempts) in a worker thread while the main thread selects
+   with a short timeout; whichever select meets the other is refused
+   (RuntimeError) and must have touched nothing. Each
    call must end as the same call on the reference (made afterwards,
    in order); every report of those concurrent selects must name a key
    registered before or during the rule, be a subset of that key's events,
@@ -47,7 +48,9 @@
    never reported again once its socket was closed (even when a new
    socket reuses the descriptor).
 
-CI runs a bounded, derandomized profile (a few seconds). A long run on
+CI runs a bounded, derandomized profile (10-30 seconds for the file on
+a loaded 2-core machine: the orphan and thread rules add waits, and a
+child process for the test cases that copy to one). A long run on
 demand: ``SOCKNOTIFY_RANDOMIZED_STEPS=100000 pytest tests/test_randomized.py``
 (randomized; hypothesis prints the failing sequence).
 """
