@@ -372,7 +372,17 @@ class NotifySelector(selectors.BaseSelector):
                     raise self._port.change_error(code)
             keys = self._keys
             free = self._free
-            slot = free[-1] if free else len(keys)
+            key = SelectorKey(fileobj, fd, events, data)
+            # The key takes its slot before the port hears of it: on epoll
+            # the item is in the kernel as soon as _change returns, and a
+            # select running in another thread may report it at once and
+            # read the slot (without the lock) before this thread is back.
+            if free:
+                slot = free.pop()
+                keys[slot] = key
+            else:
+                slot = len(keys)
+                keys.append(key)
             pending = self._pending
             if (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
                     and pending[-1].fd == fd):
@@ -387,14 +397,13 @@ class NotifySelector(selectors.BaseSelector):
                 known_to_port = True
             else:
                 known_to_port = at_once
-                # Raises before anything is recorded.
-                self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-            key = SelectorKey(fileobj, fd, events, data)
-            if slot < len(keys):     # taken from the free stack
-                free.pop()
-                keys[slot] = key
-            else:
-                keys.append(key)
+                try:
+                    self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
+                except BaseException:
+                    # Refused: nothing is recorded, the slot is free again.
+                    keys[slot] = None
+                    free.append(slot)
+                    raise
             records[fd] = _new_record(_Record, (key, slot))
             if not known_to_port:
                 self._unsent.add(slot)
@@ -562,8 +571,11 @@ class NotifySelector(selectors.BaseSelector):
         finally:
             self._select_token.append(token)
         keys = self._keys
-        return [(key, mask) for slot, mask in zip(values[::2], values[1::2])
-                if (key := keys[slot]) is not None]
+        # Masked with the key read now, as EpollSelector does: the port
+        # limited the mask to the registration's events at the wait, and a
+        # modify() in another thread may have changed them since.
+        return [(key, ready) for slot, mask in zip(values[::2], values[1::2])
+                if (key := keys[slot]) is not None and (ready := mask & key.events)]
 
     def _wait_again(self, wait_ms: int, deadline: float | None) -> int:
         """A signal cut the wait short and its Python handler did not raise:
