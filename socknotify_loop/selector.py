@@ -373,29 +373,34 @@ class NotifySelector(selectors.BaseSelector):
             keys = self._keys
             free = self._free
             key = SelectorKey(fileobj, fd, events, data)
-            # The key takes its slot before the port hears of it: on epoll
-            # the item is in the kernel as soon as _change returns, and a
-            # select running in another thread may report it at once and
-            # read the slot (without the lock) before this thread is back.
-            if free:
-                slot = free.pop()
-                keys[slot] = key
-            else:
-                slot = len(keys)
-                keys.append(key)
             pending = self._pending
-            if (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
-                    and pending[-1].fd == fd):
+            released = self._released
+            if (pending and pending[-1].op == OP_REMOVE and pending[-1].fd == fd
+                    and released and released[-1] == pending[-1].key):
                 # Unregistered and registered again before the next select
                 # (what asyncio's sock_recv does: its reader goes in a done
                 # callback, the next sock_recv adds it back): the port still
                 # has the registration, so the pair is one modification of
-                # it. On AFD a poll still in flight then keeps serving
-                # instead of being cancelled and made again.
+                # it, under its slot. On AFD a poll still in flight then
+                # keeps serving instead of being cancelled and made again.
+                # An answer in flight naming the slot names this descriptor.
+                slot = released.pop()
+                keys[slot] = key
                 pending[-1] = _new_change(
                     Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
                 known_to_port = True
             else:
+                # The key takes its slot before the port hears of it: on
+                # epoll the item is in the kernel as soon as _change
+                # returns, and a select running in another thread may
+                # report it at once and read the slot (without the lock)
+                # before this thread is back.
+                if free:
+                    slot = free.pop()
+                    keys[slot] = key
+                else:
+                    slot = len(keys)
+                    keys.append(key)
                 known_to_port = at_once
                 try:
                     self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)

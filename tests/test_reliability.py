@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import errno
 import os
-import resource
 import select
 import selectors
 import shutil
@@ -37,6 +36,9 @@ import pytest
 from _platform import LINUX
 
 from socknotify_loop import Loop
+
+if LINUX:
+    import resource   # POSIX only; the tests that use it are Linux's
 from socknotify_loop.selector import WAKEUP_KEY, NotifySelector
 
 READ = selectors.EVENT_READ
