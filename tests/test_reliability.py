@@ -36,10 +36,10 @@ import pytest
 from _platform import LINUX
 
 from socknotify_loop import Loop
+from socknotify_loop.selector import WAKEUP_KEY, NotifySelector
 
 if LINUX:
-    import resource   # POSIX only; the tests that use it are Linux's
-from socknotify_loop.selector import WAKEUP_KEY, NotifySelector
+    import resource  # POSIX only; the tests that use it are Linux's
 
 READ = selectors.EVENT_READ
 WRITE = selectors.EVENT_WRITE
