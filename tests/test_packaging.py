@@ -83,6 +83,33 @@ def test_api_reference_is_current():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11) or not sys.platform.startswith("linux"),
+                    reason="one Python is enough: the build is the same on every one")
+@pytest.mark.timeout(240)
+def test_missing_compiler_is_one_paragraph_naming_the_build_tools(tmp_path):
+    """pip building from source without a working C compiler (CC names
+    none) ends in setup.py's paragraph naming the Build Tools and wheels."""
+    if not os.path.exists(os.path.join(ROOT, "setup.py")):
+        pytest.skip("no setup.py beside the tests")
+    source = tmp_path / "source"
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        os.makedirs(source, exist_ok=True)
+        shutil.copyfile(os.path.join(ROOT, name), str(source / name))
+    shutil.copytree(os.path.join(ROOT, "socknotify_loop"), str(source / "socknotify_loop"),
+                    ignore=shutil.ignore_patterns("_socknotify*", "__pycache__", "*.so",
+                                                  "*.pyd"))
+    env = dict(os.environ, CC="socknotify-no-such-compiler", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w",
+                             str(tmp_path / "out"), str(source)],
+                            capture_output=True, text=True, env=env, timeout=220)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "its C core could not be compiled" in output, output
+    assert "Build Tools for Visual" in output and "win_amd64.whl" in output, output
+    assert "socknotify-no-such-compiler" in output, output
+    assert not os.path.exists(str(tmp_path / "out")) or not os.listdir(str(tmp_path / "out"))
+
+
 def _requirement_lines(path: str) -> list:
     with open(path, encoding="utf-8") as f:
         lines = (line.split("#", 1)[0].strip() for line in f)
