@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -69,18 +68,26 @@ def test_incomplete_install_says_reinstall(tmp_path):
     assert "pip install --force-reinstall socknotify_loop" in last
 
 
-@pytest.mark.skipif(sys.version_info[:2] != (3, 11) or not sys.platform.startswith("linux"),
-                    reason="docs/api.md is generated with Linux CPython 3.11 (signatures "
-                           "render differently elsewhere)")
-def test_api_reference_is_current():
-    """docs/api.md is what tools/apidoc.py makes from today's docstrings."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tool = os.path.join(root, "tools", "apidoc.py")
-    if not os.path.exists(tool):
-        pytest.skip("tools/ is not shipped here")
-    result = subprocess.run([sys.executable, tool, "--check"], capture_output=True,
-                            text=True, cwd=tempfile.gettempdir())
-    assert result.returncode == 0, result.stderr
+def test_api_reference_covers_the_public_names():
+    """docs/api.md is rendered by Sphinx's autodoc (the lint env builds the
+    site with warnings as errors); this checks it names every public name,
+    so a new one cannot be left out of the reference."""
+    page = os.path.join(ROOT, "docs", "api.md")
+    if not os.path.exists(page):
+        pytest.skip("docs/ is not shipped here")
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    documented = set()
+    for line in text.splitlines():
+        parts = line.split("::", 1)
+        if line.startswith(".. auto") and len(parts) == 2:
+            documented.add(parts[1].strip().rsplit(".", 1)[-1])
+    missing = [name for name in socknotify_loop.__all__
+               if name not in documented and name != "__version__"]
+    assert not missing, f"docs/api.md has no autodoc entry for {missing}"
+    assert "socknotify_loop.__version__" in text
+    for name in ("EventLoopPolicy", "install", "main", "use_socknotify_loop"):
+        assert name in documented, name
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11) or not sys.platform.startswith("linux"),

@@ -139,12 +139,17 @@ def test_gunicorn_worker_class_naming_the_loop(tmp_path):
 
 # -- Hypercorn ---------------------------------------------------------------------------
 
-def test_hypercorn_through_the_launcher(tmp_path):
+@pytest.mark.parametrize("worker_class", ["asyncio", "uvloop"])
+def test_hypercorn_through_the_launcher(tmp_path, worker_class):
+    """Hypercorn's asyncio worker, and its uvloop worker (whose loop
+    factory is uvloop.new_event_loop, ours under the launcher)."""
     need("hypercorn")
+    if worker_class == "uvloop":
+        need("uvloop")
     (tmp_path / "app.py").write_text(LOOP_APP)
     port = free_port()
     bodies = serve_and_ask(
-        [sys.executable, "-m", "socknotify_loop", "-m", "hypercorn",
+        [sys.executable, "-m", "socknotify_loop", "-m", "hypercorn", "-k", worker_class,
          "--bind", f"127.0.0.1:{port}", "app:app"],
         cwd=str(tmp_path), port=port)
     assert bodies == [OURS] * 3
