@@ -101,8 +101,7 @@ The program gets a socknotify_loop Loop from:
   loop factory, asyncio.get_event_loop();
   asyncio.SelectorEventLoop(), asyncio.ProactorEventLoop() (Windows) and
   asyncio.EventLoop() (3.13+) called without a selector/proactor, also as
-  a loop_factory (uvicorn --loop auto|asyncio|none, auto only without
-  uvloop installed);
+  a loop_factory (uvicorn --loop asyncio|none, and auto without uvloop);
   the policies DefaultEventLoopPolicy, WindowsSelectorEventLoopPolicy and
   WindowsProactorEventLoopPolicy;
   uvloop and winloop: their Loop, new_event_loop(), install(),
