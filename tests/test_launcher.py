@@ -196,6 +196,8 @@ def test_traceback_goes_through_the_programs_excepthook(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signal status")
+@pytest.mark.skipif(sys.implementation.name != "cpython",
+                    reason="CPython's way of ending on KeyboardInterrupt (by SIGINT) is compared")
 def test_keyboard_interrupt_ends_like_python(tmp_path):
     """An uncaught KeyboardInterrupt: the trimmed traceback, and the
     process ends by SIGINT as `python script.py` does (status -2 here)."""
