@@ -164,7 +164,10 @@ def test_traceback_is_the_programs_own(tmp_path):
     result = launch(str(script), cwd=str(tmp_path), check=False)
     expected = plain_python(str(script), cwd=str(tmp_path))
     assert expected.returncode == 1 and "LookupError: boom" in expected.stderr
-    assert (result.returncode, result.stderr) == (1, expected.stderr)
+    assert result.returncode == 1
+    assert "launcher.py" not in result.stderr and "runpy" not in result.stderr, result.stderr
+    if sys.implementation.name == "cpython":
+        assert result.stderr == expected.stderr
     # -c: the same frames and error (whether the "<string>" source lines
     # are shown differs between Python versions).
     result = launch("-c", RAISES, cwd=str(tmp_path), check=False)
@@ -209,6 +212,8 @@ def test_keyboard_interrupt_ends_like_python(tmp_path):
     assert (result.returncode, result.stderr) == (expected.returncode, expected.stderr)
 
 
+@pytest.mark.skipif(sys.implementation.name != "cpython",
+                    reason="compared with CPython's own report of a script's SyntaxError")
 def test_syntax_error_reported_like_python(tmp_path):
     script = tmp_path / "bad_syntax.py"
     script.write_text("def broken(:\n    pass\n")
