@@ -117,6 +117,65 @@ def test_missing_compiler_is_one_paragraph_naming_the_build_tools(tmp_path):
     assert not os.path.exists(str(tmp_path / "out")) or not os.listdir(str(tmp_path / "out"))
 
 
+# The README's figures table row -> the row of docs/benchmarks.md's Linux
+# table it is taken from.
+README_FIGURE_ROWS = {
+    "ping-pong, streams": "ping-pong, streams (100 B)",
+    "ping-pong, raw Protocol": "ping-pong, raw Protocol (100 B)",
+    "50 connections": "50 connections, streams ping-pong",
+    "1 MiB messages": "1 MiB messages echoed",
+    "connection churn": "connection churn (connect, exchange, close)",
+    "1 active + 10,000 idle connections": "1 active connection + 10000 idle",
+}
+
+
+def _table(lines: list, header_start: str) -> list:
+    """The rows (cells without the edges) of the Markdown table whose header
+    line starts with ``header_start``."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    header = [c.strip() for c in lines[start].strip().strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (c.strip() for c in line.strip().strip("|").split("|")))))
+    return rows
+
+
+def _number(cell: str) -> float:
+    """'41.5k (40.9k-42.6k)', '1,942 MiB/s', '**0.94x** (...)' -> the first figure."""
+    import re
+    text = re.match(r"[*\s]*([\d.,]+)(k?)", cell)
+    assert text, cell
+    return float(text.group(1).replace(",", "")) * (1000 if text.group(2) else 1)
+
+
+def test_readme_figures_are_the_benchmark_pages():
+    """Every figure of the README's decision table is the one
+    docs/benchmarks.md shows (asyncio, uvloop and our medians, our ratio to
+    asyncio), and "this / uvloop" is their quotient: re-running the
+    benchmarks without updating the README fails here."""
+    readme, page = os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "benchmarks.md")
+    if not os.path.exists(page):
+        pytest.skip("docs/ is not shipped here")
+    with open(readme, encoding="utf-8") as f:
+        ours = {row["case"]: row for row in _table(f.read().splitlines(), "| case | asyncio |")}
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    # Our page names the Linux section first; its table starts "| case | unit |".
+    linux = text.split("\n## Linux\n", 1)[1].splitlines()
+    measured = {row["case"]: row for row in _table(linux, "| case | unit |")}
+    assert set(ours) == set(README_FIGURE_ROWS), sorted(ours)
+    for case, source in README_FIGURE_ROWS.items():
+        mine, theirs = ours[case], measured[source]
+        assert _number(mine["asyncio"]) == _number(theirs["asyncio"]), case
+        assert _number(mine["uvloop"]) == _number(theirs["uvloop"]), case
+        assert _number(mine["this loop"]) == _number(theirs["ours (epoll)"]), case
+        assert _number(mine["this / asyncio"]) == _number(theirs["ours (epoll) / asyncio"]), case
+        quotient = _number(theirs["ours (epoll)"]) / _number(theirs["uvloop"])
+        assert _number(mine["this / uvloop"]) == round(quotient, 2), (case, quotient)
+
+
 def _requirement_lines(path: str) -> list:
     with open(path, encoding="utf-8") as f:
         lines = (line.split("#", 1)[0].strip() for line in f)
