@@ -41,6 +41,15 @@ never leaves the wait blocked: it is reported once as ready for the key's
 events, like ``EPOLLERR``, so its owner's callback meets the error in
 ``recv``/``send``; the registration is dropped by the port.
 
+Threads: as with ``selectors.EpollSelector``, ``register``, ``modify`` and
+``unregister`` may be called from any thread while one thread is inside
+``select``. The bookkeeping they share is guarded by a lock; a select
+holds the select token from the moment it takes the queued changes to the
+moment it has read its answer, so a select refused because another thread
+is selecting has touched nothing. A slot freed by ``unregister`` is reused
+only from the next select on: an answer already in flight may still name
+it, and must not be read as its next owner's.
+
 Overlapped I/O completions (Windows only: handles associated with the
 port, see :mod:`socknotify_loop._windows_io`) come out of the same call.
 The selector does not interpret them: it hands their keys (OVERLAPPED
@@ -50,42 +59,33 @@ Windows loop's proactor installs.
 from __future__ import annotations
 
 import selectors
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from time import monotonic as _monotonic
 from typing import Any, NamedTuple
 
-# The ignore is for ffi and lib, the compiled core's objects: port.py
-# imports them without listing them in its __all__, and mypy --strict
-# wants an explicit re-export.
-from .port import (  # type: ignore[attr-defined]
-    _ERROR_BUSY,
-    _ERROR_CLOSED,
-    _ERROR_INTERRUPTED,
-    _REGISTRATION,
+from .port import (
     EVENT_HANGUP,
     EVENT_IN,
     EVENT_OUT,
+    OP_DISABLE,
     OP_ENABLE,
     OP_REMOVE,
     TRIGGER_LEVEL,
     TRIGGER_ONESHOT,
     Change,
     Port,
-    _os_error,
-    ffi,
-    lib,
     timeout_ms,
 )
 from .port import _fileno as _fileobj_to_fd  # validated as selectors do
 
-__all__ = ["WAKEUP_KEY", "IOCompletionHandler", "NotifySelector"]
+__all__ = ["WAKEUP_KEY", "FastPath", "IOCompletionHandler", "NotifySelector"]
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
 SelectorKey = selectors.SelectorKey
 
 _ONESHOT_LEVEL = TRIGGER_ONESHOT | TRIGGER_LEVEL
-_change_now = lib.sn_port_change
 
 #: A key for ``selector.port.post(WAKEUP_KEY)``: it makes a waiting
 #: select() return (with ``[]`` if nothing else is ready). Any posted key
@@ -102,16 +102,58 @@ IOCompletionHandler = Callable[[list[int]], None]
 # Port event filter for each selector mask. HANGUP goes with READ: a
 # reader meets EOF when the peer hangs up. A write-only registration does
 # not ask for it: a peer's half-close does not make a full send buffer
-# writable.
+# writable. modify() accepts any events value, as EpollSelector's does:
+# only these two bits are watched (0 watches nothing: the registration is
+# disabled).
 _FILTER_OF_MASK = {
     EVENT_READ: EVENT_IN | EVENT_HANGUP,
     EVENT_WRITE: EVENT_OUT,
     EVENT_READ | EVENT_WRITE: EVENT_IN | EVENT_HANGUP | EVENT_OUT,
 }
+_WATCHED = EVENT_READ | EVENT_WRITE
+
+# The largest descriptor epoll takes: a C int.
+_MAX_EPOLL_FD = 0x7FFFFFFF
 
 # sn_port_select()'s answer: pairs in the low 32 bits, I/O keys above.
 _PAIRS = 0xFFFFFFFF
 _WORDS_PER_PAIR = 2     # (slot, selector mask), each a uint64
+
+
+class FastPath:
+    """What a loop's iteration reads of a :class:`NotifySelector`, in one
+    object it fetches once per iteration (``selector.fast_path``): the
+    loop then makes the select call itself and reads the answer in place,
+    without the list and tuples :meth:`NotifySelector.select` builds. The
+    protocol is the one ``select()`` follows::
+
+        token = fast.token.pop()          # IndexError: another thread selects
+        try:
+            got = fast.select(fast.prepare() if fast.pending or fast.released
+                              else 0, wait_ms)
+            # got > 0xFFFFFFFF: got = fast.io_completed(got)
+            # pairs (slot, mask): fast.out[2*i], fast.out[2*i + 1];
+            # the key is fast.keys[slot] (None: unregistered meanwhile)
+        finally:
+            fast.token.append(token)
+        # got < 0: fast.raise_for(got)
+
+    The attributes always name the selector's current objects (the lists
+    are never replaced, ``out`` is updated when the buffers are bound
+    anew)."""
+
+    __slots__ = ("select", "token", "pending", "released", "prepare", "out", "keys",
+                 "io_completed", "raise_for")
+
+    select: Callable[[int, float], int]
+    token: list[bool]
+    pending: list[Change]
+    released: list[int]
+    prepare: Callable[[], int]
+    out: Any
+    keys: list[SelectorKey | None]
+    io_completed: Callable[[int], int]
+    raise_for: Callable[[int], None]
 
 
 class _Record(NamedTuple):
@@ -171,22 +213,30 @@ class NotifySelector(selectors.BaseSelector):
     """
 
     def __init__(self, backend: str | None = None) -> None:
-        self._port = Port(backend)
-        self._handle = self._port._handle
-        self._at_once = self._port.changes_at_once
+        self._port = port = Port(backend)
+        self._at_once = port.changes_at_once
+        self._change_now = port.change_function()
         # fd -> _Record: the one record per registration.
         self._records: dict[int, _Record] = {}
         # slot -> SelectorKey (None when free): the hot path's index from
         # the port's answer to the key. Slot 0 is never handed out.
         self._keys: list[SelectorKey | None] = [None]
         self._free: list[int] = []
+        # Slots unregistered since the last select: free from the next one
+        # on (see the module docstring on threads).
+        self._released: list[int] = []
         # Changes for the next select() (completion-port backends only).
         self._pending: list[Change] = []
         self._unsent: set[int] = set()   # slots whose first ENABLE is still queued
-        # epoll: fd -> slot of an unregister whose REMOVE waits in _pending
-        # for the next select (see unregister); the slot is not reused
-        # before that REMOVE reaches the port.
-        self._parked: dict[int, int] = {}
+        # Guards the bookkeeping above against other threads' changes.
+        self._lock = threading.Lock()
+        # The select token: popped by the thread entering select(), from
+        # taking the queued changes to reading the answer out of the bound
+        # buffer, and put back after. A one-item list rather than a Lock:
+        # list.pop() and append() are as atomic as acquire(False) and
+        # release(), and cost a fraction of them on the loop's hot path
+        # (a Lock's acquire parses its arguments at every call).
+        self._select_token: list[bool] = [True]
         self._map: _SelectorMapping | None = _SelectorMapping(self)
         #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
         #: completions each wait dequeues (Windows handles associated with
@@ -197,36 +247,33 @@ class NotifySelector(selectors.BaseSelector):
         self.io_completion_handler: IOCompletionHandler | None = None
         self._room = 0
         self._changes_room = 0
+        #: The selector as a loop's iteration reads it (see :class:`FastPath`):
+        #: the same object for the selector's whole life.
+        fast = self.fast_path = self._fast = FastPath()
+        fast.select = port.select_function()
+        fast.token = self._select_token
+        fast.pending = self._pending
+        fast.released = self._released
+        fast.prepare = self._prepare
+        fast.keys = self._keys
+        fast.io_completed = self._io_completed
+        fast.raise_for = self._raise_for
         self._bind(256, 64)
 
     # -- buffers -----------------------------------------------------------------
 
     def _bind(self, room: int, changes_room: int) -> bool:
-        """Lend the port buffers for ``room`` ready registrations per select
-        and ``changes_room`` changes. False if a select is running in
-        another thread (the old buffers stay bound, and stay alive)."""
-        words = _WORDS_PER_PAIR * (room + changes_room)
-        out = ffi.new("uint64_t[]", words)
-        changes = ffi.new("sn_registration_t[]", changes_room)
-        err = lib.sn_port_bind(self._handle, changes, changes_room, out, words)
-        if err == _ERROR_BUSY:
+        """Have the port bind buffers for ``room`` ready registrations per
+        select and ``changes_room`` changes (the caller holds the select
+        token, or is ``__init__``). False if a select is running in
+        another thread (the old buffers stay bound)."""
+        bound = self._port.bind_select_buffers(room + changes_room, changes_room)
+        if bound is None:
             return False
-        self._check(err)
-        # The port writes only into bound buffers: after the bind the old
-        # ones are ours to drop.
-        self._out_cdata, self._changes_cdata = out, changes
-        self._out = memoryview(ffi.buffer(out)).cast("Q")
-        self._changes_buffer = ffi.buffer(changes)
-        self._room, self._changes_room = room, changes_room
+        self._out, self._changes_room = bound
+        self._fast.out = self._out
+        self._room = room
         return True
-
-    def _check(self, err: int) -> None:
-        if err == _ERROR_CLOSED:
-            raise ValueError("I/O operation on a closed selector")
-        if err == _ERROR_BUSY:
-            raise RuntimeError("select() is already running in another thread")
-        if err:
-            raise _os_error(err, "select failed")
 
     # -- introspection ---------------------------------------------------------
 
@@ -247,7 +294,8 @@ class NotifySelector(selectors.BaseSelector):
         try:
             return _fileobj_to_fd(fileobj)
         except ValueError:
-            for record in self._records.values():
+            # A copy: other threads may be changing the dict.
+            for record in list(self._records.values()):
                 if record.key.fileobj is fileobj:
                     return record.key.fd
             raise
@@ -270,114 +318,120 @@ class NotifySelector(selectors.BaseSelector):
     # -- changes -------------------------------------------------------------------
 
     def _change(self, fd: int, slot: int, events: int, op: int, trigger: int) -> None:
-        """Apply a change now (epoll) or queue it for the next select().
-        Raises for a refused ENABLE; a refused REMOVE means the descriptor
-        was closed first, which the stdlib selectors ignore too."""
+        """Apply a change now (epoll) or queue it for the next select()
+        (``_lock`` held). Raises for a refused ENABLE; a refused REMOVE
+        means the descriptor was closed first, which the stdlib selectors
+        ignore too."""
         if self._at_once:
-            code = _change_now(self._handle, fd, slot, events, op, trigger)
+            code = self._change_now(fd, slot, events, op, trigger)
             if code:
-                if code == _ERROR_CLOSED and self._port.closed:
-                    raise ValueError("I/O operation on a closed selector")
-                if op == OP_ENABLE:
-                    raise _os_error(code)
+                error = self._port.change_error(code)
+                if op != OP_REMOVE or isinstance(error, ValueError):
+                    raise error
         else:
             self._pending.append(_new_change(Change, (fd, slot, events, op, trigger)))
+
+    def _enable(self, fd: int, slot: int, events: int) -> None:
+        """The port change that makes a registration watch ``events``
+        (``_lock`` held): an ENABLE of their filter, or a DISABLE when they
+        hold neither READ nor WRITE (modify() accepts that, as
+        EpollSelector does)."""
+        watched = events & _WATCHED
+        if watched:
+            self._change(fd, slot, _FILTER_OF_MASK[watched], OP_ENABLE, _ONESHOT_LEVEL)
+        else:
+            self._change(fd, slot, 0, OP_DISABLE, 0)
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         """Register ``fileobj`` for ``events``.
 
         Raises ValueError for invalid events or file object, KeyError if it
-        is already registered, and OSError for a descriptor the port refuses
-        (on epoll, what ``epoll_ctl`` says: PermissionError for a regular
-        file; elsewhere, a descriptor that is not an open socket).
+        is already registered, OverflowError for a descriptor epoll cannot
+        take (above a C int, as EpollSelector), and OSError for a
+        descriptor the port refuses (on epoll, what ``epoll_ctl`` says:
+        PermissionError for a regular file; elsewhere, a descriptor that is
+        not an open socket).
         """
-        if not events or events & ~(EVENT_READ | EVENT_WRITE):
+        if not events or events & ~_WATCHED:
             raise ValueError(f"Invalid events: {events!r}")
         fd = self._fileobj_lookup(fileobj)
-        records = self._records
-        if fd in records:
-            raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
-        if self._map is None:
-            # What EpollSelector raises: its epoll object is closed.
-            raise ValueError("I/O operation on a closed selector")
-        at_once = self._at_once
-        if not at_once:
-            code = self._port._probe(fd)
-            if code:
-                raise _os_error(code)
-        keys = self._keys
-        free = self._free
-        slot = free[-1] if free else len(keys)
-        pending = self._pending
-        if at_once and fd in self._parked:
-            # Unregistered and registered again before the next select
-            # (asyncio's sock_recv: its reader goes in a done callback, the
-            # next sock_recv adds it back). Its REMOVE has not been sent:
-            # this ENABLE replaces it, under a NEW slot, so the port re-keys
-            # the registration: one EPOLL_CTL_MOD where the pair would have
-            # cost a DEL and an ADD. Whatever the old key still had queued
-            # is stale; and if the number was closed and reused meanwhile,
-            # the modify finds no item and the port adds the new file.
-            old_slot = self._parked.pop(fd)
-            self._drop_pending(old_slot)
-            try:
+        with self._lock:
+            records = self._records
+            if fd in records:
+                raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
+            if self._map is None:
+                # What EpollSelector raises: its epoll object is closed.
+                raise ValueError("I/O operation on a closed selector")
+            at_once = self._at_once
+            if at_once:
+                if fd > _MAX_EPOLL_FD:
+                    raise OverflowError(f"file descriptor {fd} does not fit a C int")
+            else:
+                code = self._port.probe(fd)
+                if code:
+                    raise self._port.change_error(code)
+            keys = self._keys
+            free = self._free
+            slot = free[-1] if free else len(keys)
+            pending = self._pending
+            if (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
+                    and pending[-1].fd == fd):
+                # Unregistered and registered again before the next select
+                # (what asyncio's sock_recv does: its reader goes in a done
+                # callback, the next sock_recv adds it back): the port still
+                # has the registration, so the pair is one modification of
+                # it. On AFD a poll still in flight then keeps serving
+                # instead of being cancelled and made again.
+                pending[-1] = _new_change(
+                    Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
+                known_to_port = True
+            else:
+                known_to_port = at_once
+                # Raises before anything is recorded.
                 self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
+            key = SelectorKey(fileobj, fd, events, data)
+            if slot < len(keys):     # taken from the free stack
+                free.pop()
+                keys[slot] = key
+            else:
+                keys.append(key)
+            records[fd] = _new_record(_Record, (key, slot))
+            if not known_to_port:
+                self._unsent.add(slot)
+        if len(records) > self._room and self._select_token:
+            # Room for every registration to be ready at once; when a
+            # select is running, the next register tries again.
+            try:
+                token = self._select_token.pop()
+            except IndexError:
+                return key
+            try:
+                self._bind(self._room * 2, self._changes_room)
             finally:
-                # The port retired the old registration either way. At the
-                # bottom of the stack: `slot` stays the one taken below.
-                free.insert(0, old_slot)
-            known_to_port = True
-        elif (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
-                and pending[-1].fd == fd):
-            # Unregistered and registered again before the next select (what
-            # asyncio's sock_recv does: its reader goes in a done callback,
-            # the next sock_recv adds it back): the port still has the
-            # registration, so the pair is one modification of it. On AFD
-            # a poll still in flight then keeps serving instead of being
-            # cancelled and made again.
-            pending[-1] = _new_change(
-                Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
-            known_to_port = True
-        else:
-            known_to_port = at_once
-            # Raises before anything is recorded.
-            self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-        key = SelectorKey(fileobj, fd, events, data)
-        if slot < len(keys):     # taken from the free stack
-            free.pop()
-            keys[slot] = key
-        else:
-            keys.append(key)
-        records[fd] = _new_record(_Record, (key, slot))
-        if not known_to_port:
-            self._unsent.add(slot)
-        if len(records) > self._room:
-            self._bind(self._room * 2, self._changes_room)
+                self._select_token.append(token)
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
         """Unregister ``fileobj``; KeyError if it is not registered.
 
         Never fails for a socket closed meanwhile (as with the stdlib
-        selectors, the port's refusal to remove it is ignored).
+        selectors, the port's refusal to remove it is ignored). On epoll
+        the registration leaves the kernel now, while the descriptor is
+        still open: asyncio closes a socket right after removing its
+        reader, and a removal made after the close could not reach an item
+        whose file lives on in a dup() or a forked child.
         """
+        with self._lock:
+            return self._forget(fileobj)
+
+    def _forget(self, fileobj: Any) -> SelectorKey:
+        """unregister() with ``_lock`` held."""
         try:
             key, slot = self._records.pop(self._fileobj_lookup(fileobj))
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
         self._keys[slot] = None
-        if self._at_once:
-            # epoll: the REMOVE goes with the next select, unless a register
-            # of the same descriptor comes first (see register). Nothing is
-            # reported for the slot meanwhile (its key is gone), and a
-            # descriptor closed before that select is no hazard: the port
-            # drops the registration when the remove fails, and an epoll
-            # item that outlives the close is found and dropped by the
-            # port's interest-set rebuild.
-            self._parked[key.fd] = slot
-            self._pending.append(_new_change(Change, (key.fd, slot, 0, OP_REMOVE, 0)))
-            return key
-        self._free.append(slot)
+        self._released.append(slot)
         if slot in self._unsent:
             # The port never heard of it: forget its queued changes.
             self._unsent.discard(slot)
@@ -389,57 +443,60 @@ class NotifySelector(selectors.BaseSelector):
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         """Change the events and/or data of a registered file object.
 
-        Only an events change costs a port operation.
+        As with EpollSelector, any events value is accepted: the READ and
+        WRITE bits are watched, and the key keeps the value given. Only an
+        events change costs a port operation; one the port refuses
+        unregisters the file object and raises.
         """
-        try:
-            fd = self._fileobj_lookup(fileobj)
-            key, slot = self._records[fd]
-        except KeyError:
-            raise KeyError(f"{fileobj!r} is not registered") from None
-        if events != key.events:
-            if not events or events & ~(EVENT_READ | EVENT_WRITE):
-                raise ValueError(f"Invalid events: {events!r}")
+        with self._lock:
             try:
-                self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-            except OSError:
-                # What EpollSelector does: a refused modify unregisters.
-                self.unregister(fileobj)
-                raise
-            key = key._replace(events=events, data=data)
-        elif data is not key.data:
-            key = key._replace(data=data)
-        else:
-            return key
-        self._records[fd] = _new_record(_Record, (key, slot))
-        self._keys[slot] = key
+                fd = self._fileobj_lookup(fileobj)
+                key, slot = self._records[fd]
+            except KeyError:
+                raise KeyError(f"{fileobj!r} is not registered") from None
+            if events != key.events:
+                if (events ^ key.events) & _WATCHED:
+                    try:
+                        self._enable(fd, slot, events)
+                    except OSError:
+                        # What EpollSelector does: a refused modify unregisters.
+                        self._forget(fileobj)
+                        raise
+                key = key._replace(events=events, data=data)
+            elif data != key.data:
+                key = key._replace(data=data)
+            else:
+                return key
+            self._records[fd] = _new_record(_Record, (key, slot))
+            self._keys[slot] = key
         return key
 
     def _drop_pending(self, slot: int) -> None:
-        """Forget the queued changes of ``slot``."""
-        self._pending = [c for c in self._pending if c.key != slot]
+        """Forget the queued changes of ``slot`` (``_lock`` held)."""
+        self._pending[:] = [c for c in self._pending if c.key != slot]
 
-    def _pack(self) -> int:
-        """Move the queued changes into the bound buffer; returns how many."""
-        pending = self._pending
-        count = len(pending)
-        if count > self._changes_room:
-            room = self._changes_room
-            while room < count:
-                room *= 2
-            if not self._bind(self._room, room):
-                raise RuntimeError("select() is already running in another thread")
-        buffer = self._changes_buffer
-        pack_into = _REGISTRATION.pack_into
-        size = _REGISTRATION.size
-        for offset, change in zip(range(0, count * size, size), pending):
-            pack_into(buffer, offset, *change, 0)
-        pending.clear()
-        self._unsent.clear()
-        if self._parked:
-            # Their REMOVEs are in this batch: the slots are free after it.
-            self._free.extend(self._parked.values())
-            self._parked.clear()
-        return count
+    def _prepare(self) -> int:
+        """Start a select (the select token held): free the slots released
+        since the last one and move the queued changes into the bound
+        buffer; returns how many changes there are."""
+        with self._lock:
+            if self._released:
+                self._free.extend(self._released)
+                self._released.clear()
+            pending = self._pending
+            count = len(pending)
+            if not count:
+                return 0
+            if count > self._changes_room:
+                room = self._changes_room
+                while room < count:
+                    room *= 2
+                # Cannot be refused: this thread holds the select token.
+                self._bind(self._room, room)
+            self._port.pack_bound_changes(pending)
+            pending.clear()
+            self._unsent.clear()
+            return count
 
     # -- the one call ---------------------------------------------------------------
 
@@ -460,25 +517,26 @@ class NotifySelector(selectors.BaseSelector):
         return pairs
 
     def _raise_for(self, got: int) -> None:
-        """The exception for a negative sn_port_select() answer; nothing for
+        """Raise the exception for a negative select answer; nothing for
         an interrupted wait (the signal handler runs when Python resumes)."""
-        if -got != _ERROR_INTERRUPTED:
-            self._check(-got)
+        error = self._port.select_error(-got)
+        if error is not None:
+            raise error
 
-    def _wait(self, wait_ms: int) -> int:
+    def _wait(self, wait_ms: float) -> int:
         """Apply queued changes and re-arms, wait, and return how many
         (slot, mask) pairs are at the front of ``self._out``. I/O
         completions go to :attr:`io_completion_handler`; a wait interrupted
         by a signal before anything arrived returns -1 (the signal's Python
         handler runs as soon as Python resumes)."""
-        count = self._pack() if self._pending else 0
-        got: int = lib.sn_port_select(self._handle, count, wait_ms)
+        fast = self._fast
+        count = fast.prepare() if fast.pending or fast.released else 0
+        got: int = fast.select(count, wait_ms)
         if got > _PAIRS:
             return self._io_completed(got)
         if got < 0:
-            if -got == _ERROR_INTERRUPTED:
-                return -1
-            self._check(-got)
+            self._raise_for(got)
+            return -1
         return got
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
@@ -490,12 +548,19 @@ class NotifySelector(selectors.BaseSelector):
         """
         wait_ms = timeout_ms(timeout)
         deadline = _monotonic() + timeout if wait_ms > 0 else None  # type: ignore[operator]
-        got = self._wait(wait_ms)
-        if got < 0:
-            got = self._wait_again(wait_ms, deadline)
-        if not got:
-            return []
-        values = self._out[:got * _WORDS_PER_PAIR].tolist()
+        try:
+            token = self._select_token.pop()
+        except IndexError:
+            raise RuntimeError("select() is already running in another thread") from None
+        try:
+            got = self._wait(wait_ms)
+            if got < 0:
+                got = self._wait_again(wait_ms, deadline)
+            if not got:
+                return []
+            values = self._out[:got * _WORDS_PER_PAIR].tolist()
+        finally:
+            self._select_token.append(token)
         keys = self._keys
         return [(key, mask) for slot, mask in zip(values[::2], values[1::2])
                 if (key := keys[slot]) is not None]
@@ -519,13 +584,14 @@ class NotifySelector(selectors.BaseSelector):
 
     def close(self) -> None:
         """Close the port and forget every registration. Idempotent."""
-        self._records.clear()
-        self._keys = [None]
-        self._free.clear()
-        self._pending.clear()
-        self._unsent.clear()
-        self._parked.clear()
-        self._map = None
+        with self._lock:
+            self._records.clear()
+            self._keys[:] = [None]
+            self._free.clear()
+            self._released.clear()
+            self._pending.clear()
+            self._unsent.clear()
+            self._map = None
         self._port.close()
 
     def __repr__(self) -> str:

@@ -72,8 +72,13 @@
 #include <stddef.h>
 #include <stdlib.h>
 
-/* The SDK's x64 layout, which the kernel reads: checked, not assumed. */
-#ifdef _WIN64
+/* The SDK's 64-bit layout (x64 and ARM64 alike), which the kernel reads:
+   checked, not assumed, on every Windows build (sn_win.h refuses 32-bit
+   Windows outright, so these can never be compiled out). */
+_Static_assert(sizeof(void *) == 8 && sizeof(ULONG_PTR) == 8 && sizeof(SOCKET) == 8,
+               "64-bit pointers, completion keys and sockets");
+_Static_assert(sizeof(((OVERLAPPED_ENTRY *)0)->lpCompletionKey) == sizeof(uint64_t),
+               "a completion key carries a 64-bit kernel key");
 _Static_assert(sizeof(SOCK_NOTIFY_REGISTRATION) == 24, "SOCK_NOTIFY_REGISTRATION size");
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, socket) == 0, "socket offset");
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, completionKey) == 8, "completionKey offset");
@@ -83,7 +88,6 @@ _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, triggerFlags) == 19, "triggerF
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, registrationResult) == 20,
                "registrationResult offset");
 _Static_assert(sizeof(OVERLAPPED_ENTRY) == 32, "OVERLAPPED_ENTRY size");
-#endif
 
 /* Our constants are PSN's values (socknotify.h says so; keep it true). */
 _Static_assert(SN_EVENT_IN == SOCK_NOTIFY_EVENT_IN && SN_EVENT_OUT == SOCK_NOTIFY_EVENT_OUT &&
@@ -97,7 +101,8 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
                SN_TRIGGER_LEVEL == SOCK_NOTIFY_TRIGGER_LEVEL &&
                SN_TRIGGER_EDGE == SOCK_NOTIFY_TRIGGER_EDGE, "trigger values");
 
-/* Batches this small translate on the stack. */
+/* Batches this small translate on the stack; larger ones use one of the
+   port's buffers (below). */
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
 
@@ -144,11 +149,77 @@ static int iocp__available_afd(const char **why) {
 
 /* ----------------------------------------------------------------- the port */
 
+/* Room for one call's kernel registrations and dequeued entries when they
+   do not fit on the stack. A selector asks for hundreds of entries on
+   every select (its whole output buffer): allocating and freeing that for
+   each call cost about 10 KB of heap traffic per wait. So the port keeps
+   the buffers it has made, on a list: a call takes one, grows it if it is
+   too small, and gives it back. Several threads may wait on one port at
+   once, each with a buffer of its own, so the list holds as many buffers
+   as there were calls at once, each grown to the largest batch it served;
+   a single-threaded loop allocates once and never again. */
+typedef struct iocp_buffer {
+    struct iocp_buffer *next;
+    SOCK_NOTIFY_REGISTRATION *regs;
+    OVERLAPPED_ENTRY *entries;
+    uint32_t regs_cap;
+    uint32_t entries_cap;
+} iocp_buffer_t;
+
 typedef struct iocp_port {
     HANDLE iocp;
     sn_process_socket_notifications_fn process;  /* the OS's, or the polyfill */
     int polyfill;                                  /* 1 when process is sn_afd's */
+    SRWLOCK buffers_lock;                          /* guards `buffers` */
+    iocp_buffer_t *buffers;                        /* idle buffers, a stack */
 } iocp_port_t;
+
+static void iocp__buffer_give(iocp_port_t *ip, iocp_buffer_t *buf) {
+    AcquireSRWLockExclusive(&ip->buffers_lock);
+    buf->next = ip->buffers;
+    ip->buffers = buf;
+    ReleaseSRWLockExclusive(&ip->buffers_lock);
+}
+
+/* A buffer with room for `regs` registrations and `entries` entries, or
+   NULL when memory ran out (the call then fails with
+   SN_ERROR_NO_MEMORY, and the port stays as it was). */
+static iocp_buffer_t *iocp__buffer_take(iocp_port_t *ip, uint32_t regs, uint32_t entries) {
+    iocp_buffer_t *buf;
+
+    AcquireSRWLockExclusive(&ip->buffers_lock);
+    buf = ip->buffers;
+    if (buf != NULL)
+        ip->buffers = buf->next;
+    ReleaseSRWLockExclusive(&ip->buffers_lock);
+    if (buf == NULL) {
+        buf = calloc(1, sizeof *buf);
+        if (buf == NULL)
+            return NULL;
+    }
+    buf->next = NULL;
+    if (regs > buf->regs_cap) {
+        SOCK_NOTIFY_REGISTRATION *fresh = malloc((size_t)regs * sizeof *fresh);
+        if (fresh == NULL)
+            goto fail;
+        free(buf->regs);
+        buf->regs = fresh;
+        buf->regs_cap = regs;
+    }
+    if (entries > buf->entries_cap) {
+        OVERLAPPED_ENTRY *fresh = malloc((size_t)entries * sizeof *fresh);
+        if (fresh == NULL)
+            goto fail;
+        free(buf->entries);
+        buf->entries = fresh;
+        buf->entries_cap = entries;
+    }
+    return buf;
+
+fail:
+    iocp__buffer_give(ip, buf);   /* what it has stays useful */
+    return NULL;
+}
 
 static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn process,
                       int polyfill) {
@@ -164,6 +235,8 @@ static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn proces
         goto err1;
     ip->process = process;
     ip->polyfill = polyfill;
+    InitializeSRWLock(&ip->buffers_lock);
+    ip->buffers = NULL;
     port->impl = ip;
     return 0;
 
@@ -230,6 +303,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     OVERLAPPED_ENTRY stack_entries[IOCP_STACK_ENTRIES];
     SOCK_NOTIFY_REGISTRATION *kregs = stack_regs;
     OVERLAPPED_ENTRY *entries = stack_entries;
+    iocp_buffer_t *buf = NULL;
     UINT32 got = 0, j;
     DWORD rc;
     uint32_t i;
@@ -237,19 +311,15 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
 
     *received = 0;
     *dropped = 0;
-    if (count > IOCP_STACK_REGS) {
-        kregs = malloc((size_t)count * sizeof *kregs);
-        if (kregs == NULL) {
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
-        }
-    }
-    if (max_events > IOCP_STACK_ENTRIES) {
-        entries = malloc((size_t)max_events * sizeof *entries);
-        if (entries == NULL) {
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
-        }
+    if (count > IOCP_STACK_REGS || max_events > IOCP_STACK_ENTRIES) {
+        buf = iocp__buffer_take(ip, count > IOCP_STACK_REGS ? count : 0,
+                                max_events > IOCP_STACK_ENTRIES ? max_events : 0);
+        if (buf == NULL)
+            return SN_ERROR_NO_MEMORY;
+        if (count > IOCP_STACK_REGS)
+            kregs = buf->regs;
+        if (max_events > IOCP_STACK_ENTRIES)
+            entries = buf->entries;
     }
     for (i = 0; i < count; i++) {
         kregs[i].socket = (SOCKET)regs[i].socket;
@@ -291,10 +361,8 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
             (*dropped)++;
     }
 out:
-    if (kregs != stack_regs)
-        free(kregs);
-    if (entries != stack_entries)
-        free(entries);
+    if (buf != NULL)
+        iocp__buffer_give(ip, buf);
     return err;
 }
 
@@ -330,6 +398,15 @@ static void iocp__close(sn_port_t *port, int inherited) {
     if (ip->polyfill)
         sn_afd_port_closed(ip->iocp);
     CloseHandle(ip->iocp);
+    /* No thread is inside process() any more (sn_port_close waited for
+       them), so every buffer is back on the list. */
+    while (ip->buffers != NULL) {
+        iocp_buffer_t *buf = ip->buffers;
+        ip->buffers = buf->next;
+        free(buf->regs);
+        free(buf->entries);
+        free(buf);
+    }
     free(ip);
     port->impl = NULL;
 }
@@ -360,37 +437,32 @@ static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
     (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL)
 
 const sn_backend_ops_t sn_psn_ops = {
-    SN_BACKEND_PSN,
-    IOCP_TRIGGERS_PSN,
-    0,
-    iocp__available_psn,
-    iocp__open_psn,
-    iocp__process,
-    iocp__post,
-    iocp__wake_all,
-    iocp__close,
-    iocp__os_handle,
-    iocp__check,
-    NULL,
-    NULL,
-    NULL,
+    .id = SN_BACKEND_PSN,
+    .triggers = IOCP_TRIGGERS_PSN,
+    .caps = 0,
+    .available = iocp__available_psn,
+    .open = iocp__open_psn,
+    .process = iocp__process,
+    .post = iocp__post,
+    .wake_all = iocp__wake_all,
+    .close = iocp__close,
+    .os_handle = iocp__os_handle,
+    .check = iocp__check,
 };
 
 const sn_backend_ops_t sn_afd_ops = {
-    SN_BACKEND_AFD,
-    IOCP_TRIGGERS_AFD,
-    0,
-    iocp__available_afd,
-    iocp__open_afd,
-    iocp__process,
-    iocp__post,
-    iocp__wake_all,
-    iocp__close,
-    iocp__os_handle,
-    iocp__check,
-    iocp__add_afd_counters,
-    NULL,
-    NULL,
+    .id = SN_BACKEND_AFD,
+    .triggers = IOCP_TRIGGERS_AFD,
+    .caps = 0,
+    .available = iocp__available_afd,
+    .open = iocp__open_afd,
+    .process = iocp__process,
+    .post = iocp__post,
+    .wake_all = iocp__wake_all,
+    .close = iocp__close,
+    .os_handle = iocp__os_handle,
+    .check = iocp__check,
+    .add_counters = iocp__add_afd_counters,
 };
 
 #endif /* _WIN32 */
