@@ -141,6 +141,7 @@ class Loop(asyncio.SelectorEventLoop):
                 self._closed = True
                 raise
         elif not isinstance(selector, NotifySelector):
+            self._closed = True   # as above: nothing for __del__ to report
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
         super().__init__(selector)
 
@@ -160,15 +161,22 @@ class Loop(asyncio.SelectorEventLoop):
                       *args: Unpack[_Ts],
                       context: contextvars.Context | None = None) -> events.Handle:
             """Arrange for ``callback(*args)`` to be called soon (FIFO)."""
+            handle: Any   # a Handle, private attributes and all
             if self._debug:
-                # Thread and callback checks, source tracebacks.
-                return super().call_soon(callback, *args, context=context)
+                # Thread and callback checks, source tracebacks. asyncio
+                # drops its own call_soon's frame from the handle's source
+                # traceback, so that it ends at the caller; this frame goes
+                # too.
+                handle = super().call_soon(callback, *args, context=context)
+                if handle._source_traceback:
+                    del handle._source_traceback[-1]
+                return handle
             if self._closed:
                 raise RuntimeError('Event loop is closed')
             # Handle.__init__ without its two call frames (itself and
             # loop.get_debug()): the same slots, the same values as with
             # debug off.
-            handle: Any = _new_object(_Handle)
+            handle = _new_object(_Handle)
             handle._context = _copy_context() if context is None else context
             handle._loop = self
             handle._callback = callback

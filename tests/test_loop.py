@@ -794,3 +794,72 @@ def test_fast_path_matches_this_pythons_stock_methods(name):
     assert digest in _STOCK_SOURCES[name], (
         f"asyncio's {name} changed in Python {sys.version.split()[0]}: review Loop's "
         f"fast path against it ({digest})")
+
+
+# -- debug mode and construction errors ------------------------------------------------------
+
+def _source_tail(loop, schedule):
+    """The last frame of the source traceback of a handle that ``schedule``
+    (called from here) makes on ``loop`` in debug mode."""
+    loop.set_debug(True)
+    try:
+        handle = schedule(loop)
+        frame = handle._source_traceback[-1]
+        handle.cancel()
+        return frame.filename, frame.name
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("method", ["call_soon", "call_later", "call_at"])
+def test_debug_source_traceback_ends_at_the_caller(method):
+    """asyncio drops its own frames from a handle's source traceback, so
+    "Executing <Handle ...> created at" names the code that scheduled it;
+    ours must too, with the loop's own call_soon in between."""
+    def schedule(loop):
+        if method == "call_soon":
+            return loop.call_soon(print)
+        if method == "call_later":
+            return loop.call_later(60, print)
+        return loop.call_at(loop.time() + 60, print)
+
+    ours = _source_tail(socknotify_loop.new_event_loop(), schedule)
+    stock = _source_tail(asyncio.SelectorEventLoop(), schedule)
+    assert ours == stock == (__file__, "schedule")
+
+
+def test_debug_source_traceback_of_a_task_step_matches_asyncio():
+    """A task schedules its steps through loop.call_soon: the traceback ends
+    in asyncio's tasks module with ours as with the stock loop."""
+    async def nothing():
+        pass
+
+    def schedule(loop):
+        task = loop.create_task(nothing())
+        handle = loop._ready[-1]
+        task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        return handle
+
+    ours = _source_tail(socknotify_loop.new_event_loop(), schedule)
+    stock = _source_tail(asyncio.SelectorEventLoop(), schedule)
+    assert ours == stock
+
+
+def test_loop_refuses_a_foreign_selector_quietly():
+    """TypeError, and nothing from __del__ ("Exception ignored ...
+    '_closed'") for the half-made loop."""
+    import subprocess
+    code = ("import selectors, socknotify_loop\n"
+            "try:\n"
+            "    socknotify_loop.Loop(selectors.DefaultSelector())\n"
+            "except TypeError as exc:\n"
+            "    print('TypeError:', exc)\n"
+            "import gc; gc.collect()\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(socknotify_loop.__file__))
+    result = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True,
+                            text=True, env=env, cwd=env["PYTHONPATH"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("TypeError: Loop needs a NotifySelector"), result.stdout
+    assert result.stderr == ""
