@@ -27,9 +27,10 @@ frame less; a subclass or an instance may still replace it), and the wait's
 timeout goes to the port as float milliseconds, rounded up in C.
 ``call_soon`` skips the debug-mode bookkeeping when debug is off. Both keep
 asyncio's semantics exactly: the stock methods are the same in Python 3.9
-to 3.13 (checked by tests/test_loop.py against each version's source), and
-debug mode runs the stock iteration. On other Python versions the stock
-methods are used.
+to 3.14, and 3.15 changes only how far ahead the iteration takes due timers,
+which this one follows (checked by tests/test_loop.py against each
+version's source); debug mode runs the stock iteration. On other Python
+versions the stock methods are used.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import collections
 import contextvars
 import heapq
 import inspect
+import math
 import sys
 import time as _time
 import warnings
@@ -77,7 +79,14 @@ _format_callback_source: Any = format_helpers._format_callback_source
 # _call_soon, Handle.__init__ and Handle._run this module's versions were
 # checked against (tests/test_loop.py compares the sources). Elsewhere the
 # stock methods run.
-_FAST_PATH = (3, 9) <= sys.version_info[:2] <= (3, 13)
+_FAST_PATH = (3, 9) <= sys.version_info[:2] <= (3, 15)
+
+# Python 3.15's _run_once widens the window of due timers to at least one
+# unit in the last place of the clock's reading, so that the window's end
+# always moves forward when the clock's resolution is finer than a float
+# can tell at that reading; earlier versions add the resolution alone.
+_END_TIME_ULP = sys.version_info >= (3, 15)
+_ulp = math.ulp
 
 
 # Python 3.13 (and later 3.12 releases) format callbacks with a debug flag.
@@ -281,7 +290,13 @@ class Loop(asyncio.SelectorEventLoop):
 
             # Timers that are due.
             if scheduled:
-                end_time = self.time() + self._clock_resolution
+                if _END_TIME_ULP:
+                    now = self.time()
+                    resolution = self._clock_resolution
+                    ulp = _ulp(now)
+                    end_time = now + (ulp if ulp > resolution else resolution)
+                else:
+                    end_time = self.time() + self._clock_resolution
                 while scheduled:
                     handle = scheduled[0]
                     if handle._when >= end_time:

@@ -759,11 +759,12 @@ def test_package_import_does_not_import_the_loop():
 
 # SHA-256 (first 16 hex digits) of the stock methods whose behaviour
 # Loop._run_once and Loop.call_soon reproduce, per Python version they were
-# checked against. A Python whose stock source differs from every accepted
-# one fails here: its changes must be read and carried over (and the
+# checked against (3.9-3.15). A Python whose stock source differs from every
+# accepted one fails here: its changes must be read and carried over (and the
 # version added to loop._FAST_PATH) before the fast path may run on it.
 _STOCK_SOURCES = {
-    "BaseEventLoop._run_once": {"4ed906f26d5d0ddc", "26970ce6b0d67ef5", "22aebfb8172a0741"},
+    "BaseEventLoop._run_once": {"4ed906f26d5d0ddc", "26970ce6b0d67ef5", "22aebfb8172a0741",
+                                "1a26868851622022"},
     "BaseEventLoop.call_soon": {"53775c63133d8ac0"},
     "BaseEventLoop.time": {"d8523f14aabcd1f8"},
     "BaseEventLoop._call_soon": {"cd4172992c5f81c2"},
@@ -772,6 +773,11 @@ _STOCK_SOURCES = {
     "Handle.__init__": {"30d3624f79a99a60"},
     "Handle._run": {"53f60446b8836903", "494fe4ec3f8612d3"},
 }
+# The one change Loop._run_once follows by version: Python 3.15's stock
+# iteration (its source, 1a26...) widens the due-timer window to at least the
+# clock reading's ulp; the earlier ones add the clock resolution alone.
+_RUN_ONCE_TAKES_ULP = {"4ed906f26d5d0ddc": False, "26970ce6b0d67ef5": False,
+                       "22aebfb8172a0741": False, "1a26868851622022": True}
 
 
 def _stock(name):
@@ -794,6 +800,19 @@ def test_fast_path_matches_this_pythons_stock_methods(name):
     assert digest in _STOCK_SOURCES[name], (
         f"asyncio's {name} changed in Python {sys.version.split()[0]}: review Loop's "
         f"fast path against it ({digest})")
+    if name == "BaseEventLoop._run_once":
+        assert loop_module._END_TIME_ULP == _RUN_ONCE_TAKES_ULP[digest]
+
+
+def test_fast_path_runs_on_every_tested_python():
+    """The fast path is on for every CPython the project tests (3.9-3.15):
+    a version left out would silently run the stock, slower iteration."""
+    from socknotify_loop import loop as loop_module
+    if sys.implementation.name != "cpython" or not (3, 9) <= sys.version_info < (3, 16):
+        pytest.skip("not one of the CPython versions tested")
+    assert loop_module._FAST_PATH
+    assert Loop.call_soon is not asyncio.SelectorEventLoop.call_soon
+    assert Loop._run_once is not asyncio.SelectorEventLoop._run_once
 
 
 # -- debug mode and construction errors ------------------------------------------------------
@@ -863,3 +882,23 @@ def test_loop_refuses_a_foreign_selector_quietly():
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("TypeError: Loop needs a NotifySelector"), result.stdout
     assert result.stderr == ""
+
+
+@pytest.mark.parametrize("make", [socknotify_loop.new_event_loop, asyncio.SelectorEventLoop],
+                         ids=["ours", "asyncio"])
+def test_timer_due_at_now_with_a_zero_clock_resolution(make):
+    """Python 3.15's iteration takes a timer due exactly now even when the
+    clock's resolution is below what a float can tell at that reading (its
+    window is at least one ulp); earlier versions wait for the next reading.
+    Ours does what this Python's asyncio does."""
+    loop = make()
+    try:
+        now = float(2 ** 33)         # ulp(now) is 2e-6: far above a zero resolution
+        loop.time = lambda: now
+        loop._clock_resolution = 0.0
+        fired = []
+        loop.call_at(now, fired.append, True)
+        loop._run_once()
+        assert bool(fired) == (sys.version_info >= (3, 15))
+    finally:
+        loop.close()

@@ -229,7 +229,12 @@ def _local_paths(values: List[str]) -> List[str]:
             if word.startswith("file://"):
                 word = word[len("file://"):]
             if word.startswith("/") and os.path.exists(word):
-                found.append(os.path.normpath(word))
+                word = os.path.normpath(word)
+                # A local "simple" index links to its files relatively
+                # (../../files/...): the folder holding it goes in whole.
+                if os.path.basename(word) == "simple":
+                    word = os.path.dirname(word)
+                found.append(word)
     return found
 
 
