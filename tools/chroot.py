@@ -5,6 +5,7 @@
     python -m tools.chroot test --py 3.14 [-- pytest args]
     python -m tools.chroot shell --py 3.15        # a shell in the chroot's venv
     python -m tools.chroot run -- CMD ...         # any command inside it
+    python -m tools.chroot run --py 3.14 --fresh --with valgrind -- CMD ...
 
 The host is Debian 12 with pyenv Pythons up to 3.13; Debian's development
 release ("sid") packages the newer CPythons, and with them
@@ -417,17 +418,24 @@ def test(version: str, pytest_args: List[str]) -> int:
         return first or second
 
 
-def run(argv: List[str], version: Optional[str]) -> int:
-    """A command inside the chroot (in version's venv when given)."""
-    path = ensure()
+def run(argv: List[str], version: Optional[str], fresh: bool = False,
+        extra: List[str] = ()) -> int:
+    """A command inside the chroot (with ``extra`` Debian packages), in
+    version's venv when given; with ``fresh``, from a new copy of the
+    project, installed into that venv first."""
+    path = ensure(extra)
     with _locked(path), _mounted(path):
         env = {}
+        cwd = "/root"
         if version:
             venv = f"/root/venv-{version}"
-            if not os.path.isdir(path + venv):
+            if fresh:
+                cwd = _copy_project(path, version)
+                _ensure_venv(path, version, cwd)
+            elif not os.path.isdir(path + venv):
                 sys.exit(f"no {venv} yet: run `python -m tools.chroot test --py {version}`")
             env = {"VIRTUAL_ENV": venv, "PATH": f"{venv}/bin:" + _environment()["PATH"]}
-        return _in_tree(path, argv or ["/bin/bash"], env=env, cwd="/root", check=False)
+        return _in_tree(path, argv or ["/bin/bash"], env=env, cwd=cwd, check=False)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -444,6 +452,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     shell.add_argument("--py", choices=PYTHONS)
     command = commands.add_parser("run", help="a command inside (after --)")
     command.add_argument("--py", choices=PYTHONS, help="in that Python's venv")
+    command.add_argument("--fresh", action="store_true",
+                         help="in a new copy of the project, installed into --py's venv")
+    command.add_argument("--with", dest="extra", default="",
+                         help="Debian packages the command needs, comma-separated")
     command.add_argument("argv", nargs="+")
     options = parser.parse_args(argv)
     if options.command == "ensure":
@@ -456,7 +468,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return test(options.py, options.pytest_args)
     if options.command == "shell":
         return run([], options.py)
-    return run(options.argv, options.py)
+    if options.fresh and not options.py:
+        parser.error("--fresh needs --py")
+    return run(options.argv, options.py, options.fresh,
+               [name for name in options.extra.split(",") if name])
 
 
 if __name__ == "__main__":
