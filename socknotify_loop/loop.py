@@ -179,7 +179,7 @@ class Loop(asyncio.SelectorEventLoop):
                 handle = super().call_soon(callback, *args, context=context)
                 if handle._source_traceback:
                     del handle._source_traceback[-1]
-                return handle
+                return handle  # type: ignore[no-any-return]  # a Handle, typed Any above
             if self._closed:
                 raise RuntimeError('Event loop is closed')
             # Handle.__init__ without its two call frames (itself and
