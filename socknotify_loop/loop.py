@@ -305,6 +305,11 @@ class Loop(asyncio.SelectorEventLoop):
                     handle._scheduled = False
                     ready.append(handle)
 
+            # The dispatch's references go before callbacks run: asyncio
+            # dispatches in _process_events, whose frame is gone by then,
+            # and CPython's tests check that a failed future is referenced
+            # by nothing else (a reader or writer handle holds its future).
+            key = reader = writer = None
             # Run what is ready now; callbacks queued by these run next
             # time. asyncio's Handle._run, inline: one call frame less per
             # callback.
