@@ -337,6 +337,11 @@ class Loop(asyncio.SelectorEventLoop):
                         raise
                     except BaseException as exc:  # as Handle._run does
                         _callback_failed(handle, exc)
+                    # The arguments go with the call, as with Handle._run:
+                    # a handle of another class, run below, would otherwise
+                    # run while this frame still holds them (3.14's
+                    # call_soon_threadsafe makes such handles).
+                    args = None
                 else:
                     handle._run()
             handle = None  # break cycles when an exception occurs

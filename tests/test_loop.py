@@ -904,3 +904,31 @@ def test_timer_due_at_now_with_a_zero_clock_resolution(make):
         assert bool(fired) == (sys.version_info >= (3, 15))
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("make", [socknotify_loop.new_event_loop, asyncio.SelectorEventLoop],
+                         ids=["ours", "asyncio"])
+def test_a_callbacks_arguments_die_with_it(make):
+    """Once a callback has run, the iteration holds nothing of its
+    arguments while the next callbacks run (CPython 3.14's
+    test_open_connection_happy_eyeball_refcycles counts a failed future's
+    referrers from a callback that call_soon_threadsafe queued)."""
+    import weakref
+
+    class Token:
+        pass
+
+    loop = make()
+    try:
+        token = Token()
+        alive = weakref.ref(token)
+        seen = []
+        loop.call_soon(lambda t: None, token)
+        # From another thread's API: on 3.14+ a handle of another class,
+        # which the iteration runs through its own _run.
+        loop.call_soon_threadsafe(lambda: seen.append(alive()))
+        del token
+        loop._run_once()
+        assert seen == [None]
+    finally:
+        loop.close()
