@@ -117,6 +117,9 @@ def _our_loop_by_default(request, monkeypatch):
     else:
         monkeypatch.setattr(asyncio, "DefaultEventLoopPolicy", _ConformancePolicy)
     monkeypatch.setattr(asyncio.events, "_event_loop_policy", None, raising=False)
+    if hasattr(asyncio, "EventLoop"):
+        # 3.13+: tests that build asyncio.EventLoop() themselves get ours.
+        monkeypatch.setattr(asyncio, "EventLoop", Loop)
     # CPython's suites run on a policy whose set_event_loop(None) has been
     # called by an earlier test's tearDown; some tests depend on that
     # (get_event_loop() then raises instead of creating a loop).
