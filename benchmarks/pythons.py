@@ -10,9 +10,9 @@ does (the one tox's py314/py315 test in). For each version this installs
 the project into that version's venv there (from a fresh copy of the
 tracked files), with valgrind, and runs ``benchmarks/run.py`` on the
 raw-Protocol and streams ping-pongs for asyncio, asyncio again (the A/A
-control) and ours: user-space instructions per round trip under callgrind
-(500 and 3,000 round trips, subtracted: start-up cancels out) and short
-interleaved timing rounds. Each ratio is ours against the same version's
+control) and ours: short interleaved timing rounds, and user-space
+instructions per round trip under callgrind for every ping-pong (500 and
+3,000 round trips, subtracted: start-up cancels out). Each ratio is ours against the same version's
 asyncio, measured in the same run; never across versions.
 
 The results files land in benchmarks/results/pythons-<date>-<version>.json,
@@ -39,6 +39,8 @@ BEGIN = "<!-- pythons: written by benchmarks/pythons.py -->"
 END = "<!-- /pythons -->"
 VERSIONS = ("3.14", "3.15")
 CASES = ("pingpong_protocol", "pingpong_streams")
+#: Counted under callgrind (benchmarks/counting.py counts every ping-pong).
+COUNTED = CASES + ("udp_pingpong", "pingpong_sock")
 LOOPS = "asyncio,asyncio-aa,socknotify"
 
 
@@ -72,12 +74,14 @@ def _timing(linux: dict, case: str, peer: str) -> str:
 
 
 def _control(linux: dict, case: str) -> str:
-    """The A/A band: asyncio again against asyncio, same run."""
-    entry = linux.get("summary", {}).get("asyncio-aa", {}).get(case, {})
-    stats = entry.get("ratios", {}).get("asyncio", {}).get("stats")
-    if not stats:
+    """The A/A band: asyncio again against asyncio, round by round."""
+    loops = linux.get("summary", {}).get("socknotify", {}).get(case, {}).get("loops", {})
+    first = loops.get("asyncio", {}).get("per_round", {})
+    again = loops.get("asyncio-aa", {}).get("per_round", {})
+    ratios = [again[n] / first[n] for n in first if n in again and first[n]]
+    if not ratios:
         return "-"
-    return f"{stats['min']:.2f}x-{stats['max']:.2f}x"
+    return f"{min(ratios):.2f}x-{max(ratios):.2f}x"
 
 
 def section(paths: List[str]) -> List[str]:
@@ -103,12 +107,14 @@ def section(paths: List[str]) -> List[str]:
     for _, results in runs:
         linux = results["linux"]
         version = results["meta"]["python"]
-        for case in CASES:
+        for case in COUNTED:
             ours = _instructions(linux, case, "socknotify")
             stock = _instructions(linux, case, "asyncio")
+            timed = case in CASES
             out.append(f"| {version} | {case} | {ours:,.0f} / {stock:,.0f} | "
-                       f"**{ours / stock:.3f}** | {_timing(linux, case, 'asyncio')} | "
-                       f"{_control(linux, case)} |")
+                       f"**{ours / stock:.3f}** | "
+                       f"{_timing(linux, case, 'asyncio') if timed else 'not timed'} | "
+                       f"{_control(linux, case) if timed else '-'} |")
     out += ["", "Results files: " + ", ".join(f"`{name}`" for name, _ in runs) + ".",
             END]
     return out
