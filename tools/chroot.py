@@ -296,7 +296,10 @@ def _mounted(path: str) -> Iterator[None]:
         yield
     finally:
         for target in reversed(mounts):
-            subprocess.call(["umount", "-R", target])
+            # Busy (a process started inside still runs): detached lazily,
+            # so no mount outlives the run.
+            if subprocess.call(["umount", "-R", target]) != 0:
+                subprocess.call(["umount", "-R", "-l", target])
 
 
 def _environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
