@@ -498,9 +498,25 @@ def write(results: dict, results_path: str) -> str:
     if images.get("memory"):
         out += [f"![memory](img/{images['memory']})", ""]
     doc = DOC_WINDOWS if "windows" in results else DOC
+    out += kept_sections(doc)
     with open(doc, "w", encoding="utf-8") as f:
         f.write("\n".join(out).rstrip() + "\n")
     return doc
+
+
+def kept_sections(doc: str) -> list:
+    """The other Pythons' section (benchmarks/pythons.py writes it from
+    runs of its own), carried over from the page being replaced."""
+    from pythons import BEGIN, END
+    try:
+        with open(doc, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return []
+    if BEGIN not in text or END not in text:
+        return []
+    block = text[text.index(BEGIN):text.index(END) + len(END)]
+    return ["", *block.splitlines()]
 
 
 def main(argv) -> int:

@@ -27,9 +27,10 @@ frame less; a subclass or an instance may still replace it), and the wait's
 timeout goes to the port as float milliseconds, rounded up in C.
 ``call_soon`` skips the debug-mode bookkeeping when debug is off. Both keep
 asyncio's semantics exactly: the stock methods are the same in Python 3.9
-to 3.13 (checked by tests/test_loop.py against each version's source), and
-debug mode runs the stock iteration. On other Python versions the stock
-methods are used.
+to 3.14, and 3.15 changes only how far ahead the iteration takes due timers,
+which this one follows (checked by tests/test_loop.py against each
+version's source); debug mode runs the stock iteration. On other Python
+versions the stock methods are used.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import collections
 import contextvars
 import heapq
 import inspect
+import math
 import sys
 import time as _time
 from asyncio import base_events, events, format_helpers
@@ -74,7 +76,14 @@ _format_callback_source: Any = format_helpers._format_callback_source
 # _call_soon, Handle.__init__ and Handle._run this module's versions were
 # checked against (tests/test_loop.py compares the sources). Elsewhere the
 # stock methods run.
-_FAST_PATH = (3, 9) <= sys.version_info[:2] <= (3, 13)
+_FAST_PATH = (3, 9) <= sys.version_info[:2] <= (3, 15)
+
+# Python 3.15's _run_once widens the window of due timers to at least one
+# unit in the last place of the clock's reading, so that the window's end
+# always moves forward when the clock's resolution is finer than a float
+# can tell at that reading; earlier versions add the resolution alone.
+_END_TIME_ULP = sys.version_info >= (3, 15)
+_ulp = math.ulp
 
 
 # Python 3.13 (and later 3.12 releases) format callbacks with a debug flag.
@@ -138,6 +147,7 @@ class Loop(asyncio.SelectorEventLoop):
                 self._closed = True
                 raise
         elif not isinstance(selector, NotifySelector):
+            self._closed = True   # as above: nothing for __del__ to report
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
         super().__init__(selector)
         # The selector's fast-path object, the same for its whole life.
@@ -159,15 +169,22 @@ class Loop(asyncio.SelectorEventLoop):
                       *args: Unpack[_Ts],
                       context: contextvars.Context | None = None) -> events.Handle:
             """Arrange for ``callback(*args)`` to be called soon (FIFO)."""
+            handle: Any   # a Handle, private attributes and all
             if self._debug:
-                # Thread and callback checks, source tracebacks.
-                return super().call_soon(callback, *args, context=context)
+                # Thread and callback checks, source tracebacks. asyncio
+                # drops its own call_soon's frame from the handle's source
+                # traceback, so that it ends at the caller; this frame goes
+                # too.
+                handle = super().call_soon(callback, *args, context=context)
+                if handle._source_traceback:
+                    del handle._source_traceback[-1]
+                return handle  # type: ignore[no-any-return]  # a Handle, typed Any above
             if self._closed:
                 raise RuntimeError('Event loop is closed')
             # Handle.__init__ without its two call frames (itself and
             # loop.get_debug()): the same slots, the same values as with
             # debug off.
-            handle: Any = _new_object(_Handle)
+            handle = _new_object(_Handle)
             handle._context = _copy_context() if context is None else context
             handle._loop = self
             handle._callback = callback
@@ -284,7 +301,13 @@ class Loop(asyncio.SelectorEventLoop):
 
             # Timers that are due.
             if scheduled:
-                end_time = self.time() + self._clock_resolution
+                if _END_TIME_ULP:
+                    now = self.time()
+                    resolution = self._clock_resolution
+                    ulp = _ulp(now)
+                    end_time = now + (ulp if ulp > resolution else resolution)
+                else:
+                    end_time = self.time() + self._clock_resolution
                 while scheduled:
                     handle = scheduled[0]
                     if handle._when >= end_time:
@@ -293,6 +316,11 @@ class Loop(asyncio.SelectorEventLoop):
                     handle._scheduled = False
                     ready.append(handle)
 
+            # The dispatch's references go before callbacks run: asyncio
+            # dispatches in _process_events, whose frame is gone by then,
+            # and CPython's tests check that a failed future is referenced
+            # by nothing else (a reader or writer handle holds its future).
+            key = reader = writer = None
             # Run what is ready now; callbacks queued by these run next
             # time. asyncio's Handle._run, inline: one call frame less per
             # callback.
@@ -320,6 +348,11 @@ class Loop(asyncio.SelectorEventLoop):
                         raise
                     except BaseException as exc:  # as Handle._run does
                         _callback_failed(handle, exc)
+                    # The arguments go with the call, as with Handle._run:
+                    # a handle of another class, run below, would otherwise
+                    # run while this frame still holds them (3.14's
+                    # call_soon_threadsafe makes such handles).
+                    args = None
                 else:
                     handle._run()
             handle = None  # break cycles when an exception occurs

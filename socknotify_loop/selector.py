@@ -188,6 +188,15 @@ class _SelectorMapping(Mapping[Any, SelectorKey]):
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
 
+    def get(self, fileobj: Any, default: Any = None) -> Any:
+        """``fileobj``'s key, or ``default`` if it is not registered.
+
+        asyncio 3.14+ looks keys up this way on every add/remove of a reader
+        or writer (``get_map().get(fd)``); Mapping.get would go through
+        __getitem__ and a KeyError with a formatted message on every miss."""
+        record = self._selector._records.get(self._selector._fileobj_lookup(fileobj))
+        return default if record is None else record.key
+
     def __iter__(self) -> Iterator[int]:
         return iter(self._selector._records)
 

@@ -734,7 +734,9 @@ def test_unknown_attribute_raises_attribute_error():
 
 def test_public_names_documented():
     for name in socknotify_loop.__all__ + ["EventLoopPolicy", "install"]:
-        value = getattr(socknotify_loop, name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)   # the policy API, 3.14+
+            value = getattr(socknotify_loop, name)
         if callable(value) and not isinstance(value, int):
             assert value.__doc__, f"{name} has no docstring"
     assert socknotify_loop.__version__
@@ -759,11 +761,12 @@ def test_package_import_does_not_import_the_loop():
 
 # SHA-256 (first 16 hex digits) of the stock methods whose behaviour
 # Loop._run_once and Loop.call_soon reproduce, per Python version they were
-# checked against. A Python whose stock source differs from every accepted
-# one fails here: its changes must be read and carried over (and the
+# checked against (3.9-3.15). A Python whose stock source differs from every
+# accepted one fails here: its changes must be read and carried over (and the
 # version added to loop._FAST_PATH) before the fast path may run on it.
 _STOCK_SOURCES = {
-    "BaseEventLoop._run_once": {"4ed906f26d5d0ddc", "26970ce6b0d67ef5", "22aebfb8172a0741"},
+    "BaseEventLoop._run_once": {"4ed906f26d5d0ddc", "26970ce6b0d67ef5", "22aebfb8172a0741",
+                                "1a26868851622022"},
     "BaseEventLoop.call_soon": {"53775c63133d8ac0"},
     "BaseEventLoop.time": {"d8523f14aabcd1f8"},
     "BaseEventLoop._call_soon": {"cd4172992c5f81c2"},
@@ -772,6 +775,11 @@ _STOCK_SOURCES = {
     "Handle.__init__": {"30d3624f79a99a60"},
     "Handle._run": {"53f60446b8836903", "494fe4ec3f8612d3"},
 }
+# The one change Loop._run_once follows by version: Python 3.15's stock
+# iteration (its source, 1a26...) widens the due-timer window to at least the
+# clock reading's ulp; the earlier ones add the clock resolution alone.
+_RUN_ONCE_TAKES_ULP = {"4ed906f26d5d0ddc": False, "26970ce6b0d67ef5": False,
+                       "22aebfb8172a0741": False, "1a26868851622022": True}
 
 
 def _stock(name):
@@ -794,3 +802,133 @@ def test_fast_path_matches_this_pythons_stock_methods(name):
     assert digest in _STOCK_SOURCES[name], (
         f"asyncio's {name} changed in Python {sys.version.split()[0]}: review Loop's "
         f"fast path against it ({digest})")
+    if name == "BaseEventLoop._run_once":
+        assert loop_module._END_TIME_ULP == _RUN_ONCE_TAKES_ULP[digest]
+
+
+def test_fast_path_runs_on_every_tested_python():
+    """The fast path is on for every CPython the project tests (3.9-3.15):
+    a version left out would silently run the stock, slower iteration."""
+    from socknotify_loop import loop as loop_module
+    if sys.implementation.name != "cpython" or not (3, 9) <= sys.version_info < (3, 16):
+        pytest.skip("not one of the CPython versions tested")
+    assert loop_module._FAST_PATH
+    assert Loop.call_soon is not asyncio.SelectorEventLoop.call_soon
+    assert Loop._run_once is not asyncio.SelectorEventLoop._run_once
+
+
+# -- debug mode and construction errors ------------------------------------------------------
+
+def _source_tail(loop, schedule):
+    """The last frame of the source traceback of a handle that ``schedule``
+    (called from here) makes on ``loop`` in debug mode."""
+    loop.set_debug(True)
+    try:
+        handle = schedule(loop)
+        frame = handle._source_traceback[-1]
+        handle.cancel()
+        return frame.filename, frame.name
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("method", ["call_soon", "call_later", "call_at"])
+def test_debug_source_traceback_ends_at_the_caller(method):
+    """asyncio drops its own frames from a handle's source traceback, so
+    "Executing <Handle ...> created at" names the code that scheduled it;
+    ours must too, with the loop's own call_soon in between."""
+    def schedule(loop):
+        if method == "call_soon":
+            return loop.call_soon(print)
+        if method == "call_later":
+            return loop.call_later(60, print)
+        return loop.call_at(loop.time() + 60, print)
+
+    ours = _source_tail(socknotify_loop.new_event_loop(), schedule)
+    stock = _source_tail(asyncio.SelectorEventLoop(), schedule)
+    assert ours == stock == (__file__, "schedule")
+
+
+def test_debug_source_traceback_of_a_task_step_matches_asyncio():
+    """A task schedules its steps through loop.call_soon: the traceback ends
+    in asyncio's tasks module with ours as with the stock loop."""
+    async def nothing():
+        pass
+
+    def schedule(loop):
+        task = loop.create_task(nothing())
+        handle = loop._ready[-1]
+        task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        return handle
+
+    ours = _source_tail(socknotify_loop.new_event_loop(), schedule)
+    stock = _source_tail(asyncio.SelectorEventLoop(), schedule)
+    assert ours == stock
+
+
+def test_loop_refuses_a_foreign_selector_quietly():
+    """TypeError, and nothing from __del__ ("Exception ignored ...
+    '_closed'") for the half-made loop."""
+    import subprocess
+    code = ("import selectors, socknotify_loop\n"
+            "try:\n"
+            "    socknotify_loop.Loop(selectors.DefaultSelector())\n"
+            "except TypeError as exc:\n"
+            "    print('TypeError:', exc)\n"
+            "import gc; gc.collect()\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(socknotify_loop.__file__))
+    result = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True,
+                            text=True, env=env, cwd=env["PYTHONPATH"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("TypeError: Loop needs a NotifySelector"), result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("make", [socknotify_loop.new_event_loop, asyncio.SelectorEventLoop],
+                         ids=["ours", "asyncio"])
+def test_timer_due_at_now_with_a_zero_clock_resolution(make):
+    """Python 3.15's iteration takes a timer due exactly now even when the
+    clock's resolution is below what a float can tell at that reading (its
+    window is at least one ulp); earlier versions wait for the next reading.
+    Ours does what this Python's asyncio does."""
+    loop = make()
+    try:
+        now = float(2 ** 33)         # ulp(now) is 2e-6: far above a zero resolution
+        loop.time = lambda: now
+        loop._clock_resolution = 0.0
+        fired = []
+        loop.call_at(now, fired.append, True)
+        loop._run_once()
+        assert bool(fired) == (sys.version_info >= (3, 15))
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("make", [socknotify_loop.new_event_loop, asyncio.SelectorEventLoop],
+                         ids=["ours", "asyncio"])
+def test_a_callbacks_arguments_die_with_it(make):
+    """Once a callback has run, the iteration holds nothing of its
+    arguments while the next callbacks run (CPython 3.14's
+    test_open_connection_happy_eyeball_refcycles counts a failed future's
+    referrers from a callback that call_soon_threadsafe queued)."""
+    import weakref
+
+    class Token:
+        pass
+
+    loop = make()
+    try:
+        token = Token()
+        alive = weakref.ref(token)
+        seen = []
+        loop.call_soon(lambda t: None, token)
+        # From another thread's API: on 3.14+ a handle of another class,
+        # which the iteration runs through its own _run.
+        loop.call_soon_threadsafe(lambda: seen.append(alive()))
+        del token
+        loop._run_once()
+        assert seen == [None]
+    finally:
+        loop.close()

@@ -103,6 +103,19 @@ def test_register_twice_and_unknown_raise_key_error(selector, pair):
         selector.unregister(pair[0])
 
 
+def test_get_map_get(selector, pair):
+    """Mapping.get without an exception on a miss (asyncio 3.14+ calls it on
+    every add/remove_reader/writer), answering as the stdlib's mapping."""
+    mapping = selector.get_map()
+    sentinel = object()
+    assert mapping.get(pair[0]) is None and mapping.get(pair[0], sentinel) is sentinel
+    key = selector.register(pair[0], READ)
+    assert mapping.get(pair[0]) is key and mapping.get(pair[0].fileno()) is key
+    assert mapping.get(pair[1].fileno(), sentinel) is sentinel
+    with pytest.raises(ValueError):
+        mapping.get(-1)
+
+
 def test_get_map_and_close(selector, pair):
     mapping = selector.get_map()
     key = selector.register(pair[0], READ)

@@ -5,10 +5,11 @@ Installs tox if it is missing, makes the pyenv Pythons 3.9-3.13 visible to it
 (PYENV_VERSION lists every installed one, so the shims resolve python3.X),
 installs Debian's pypy3 and pypy3-dev (as root, with apt-get) when the
 pypy3 environment will run and they are missing, then runs tox's whole
-envlist: the linters (ruff, mypy), Linux tests on each Python and on PyPy,
-the sanitizer run, the sdist-to-wheel check, and the Wine suites (which
-install Wine, mingw-w64 and the Windows Pythons themselves). Exits with
-tox's status.
+envlist: the linters (ruff, mypy), Linux tests on each Python and on PyPy
+(CPython 3.14 and 3.15 in the Debian sid chroot tools/chroot.py makes and
+caches, as root: tox's py314 and py315), the sanitizer run, the
+sdist-to-wheel check, and the Wine suites (which install Wine, mingw-w64
+and the Windows Pythons themselves). Exits with tox's status.
 """
 import os
 import shutil

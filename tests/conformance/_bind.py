@@ -50,11 +50,21 @@ def reexport(namespace: dict, module) -> list:
     For suites whose tests build loops with ``asyncio.new_event_loop()``
     or a policy: conftest.py makes our loop the default while they run.
     """
+    import asyncio
     import unittest
+
+    from socknotify_loop import Loop
+    stock = getattr(asyncio, "EventLoop", None)
     names = []
     for name, value in vars(module).items():
         if (isinstance(value, type) and issubclass(value, unittest.TestCase)
                 and value.__module__ == module.__name__):
+            if stock is not None and vars(value).get("loop_factory") is stock:
+                # IsolatedAsyncioTestCase classes that name asyncio.EventLoop
+                # as their loop factory (3.14+'s test_taskgroups): bound to
+                # ours, or they would test the stock loop.
+                value = type(name, (value,), {"loop_factory": Loop,
+                                              "__module__": namespace["__name__"]})
             namespace[name] = value
             names.append(name)
     return names

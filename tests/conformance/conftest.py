@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import importlib
 import os
 import sys
 
@@ -74,7 +75,22 @@ def pytest_collection_modifyitems(config, items):
                 break
 
 
-class _ConformancePolicy(asyncio.DefaultEventLoopPolicy):
+# Python 3.14+ deprecates the policy API: asyncio.DefaultEventLoopPolicy is
+# served with a DeprecationWarning, and the default policy comes from the
+# platform module's _DefaultEventLoopPolicy (events._init_event_loop_policy
+# imports it from there), so that is the name to replace.
+if sys.version_info >= (3, 14):
+    _PLATFORM_EVENTS = importlib.import_module(
+        "asyncio.windows_events" if sys.platform == "win32" else "asyncio.unix_events")
+    _StockDefaultPolicy = _PLATFORM_EVENTS._DefaultEventLoopPolicy
+    _set_policy = asyncio.events._set_event_loop_policy
+else:
+    _PLATFORM_EVENTS = None
+    _StockDefaultPolicy = asyncio.DefaultEventLoopPolicy
+    _set_policy = asyncio.set_event_loop_policy
+
+
+class _ConformancePolicy(_StockDefaultPolicy):
     """The platform's default policy (child watchers and all on Unix),
     creating our Loop: what CPython's tests expect a default policy to be."""
     _loop_factory = Loop
@@ -92,14 +108,24 @@ def _our_loop_by_default(request, monkeypatch):
         original_init(self, *args, **kwargs)
 
     monkeypatch.setattr(Loop, "__init__", counting_init)
-    monkeypatch.setattr(asyncio, "DefaultEventLoopPolicy", _ConformancePolicy)
+    if _PLATFORM_EVENTS is not None:
+        monkeypatch.setattr(_PLATFORM_EVENTS, "_DefaultEventLoopPolicy", _ConformancePolicy)
+        # Not setattr: reading the old value through asyncio's module
+        # __getattr__ would warn. Absent from the module's dict, it is
+        # removed again afterwards.
+        monkeypatch.setitem(vars(asyncio), "DefaultEventLoopPolicy", _ConformancePolicy)
+    else:
+        monkeypatch.setattr(asyncio, "DefaultEventLoopPolicy", _ConformancePolicy)
     monkeypatch.setattr(asyncio.events, "_event_loop_policy", None, raising=False)
+    if hasattr(asyncio, "EventLoop"):
+        # 3.13+: tests that build asyncio.EventLoop() themselves get ours.
+        monkeypatch.setattr(asyncio, "EventLoop", Loop)
     # CPython's suites run on a policy whose set_event_loop(None) has been
     # called by an earlier test's tearDown; some tests depend on that
     # (get_event_loop() then raises instead of creating a loop).
     asyncio.set_event_loop(None)
     yield
-    asyncio.set_event_loop_policy(None)
+    _set_policy(None)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -1,0 +1,156 @@
+"""What the README, docs/switching.md, docs/launcher.md and the pytest
+recipes recommend works with DeprecationWarning as an error.
+
+Python 3.14 deprecates asyncio's event loop policies (3.16 removes them):
+every recommended way of running on our loop must then go through
+``loop_factory`` or the launcher, and raise no DeprecationWarning of ours or
+asyncio's. Each recipe runs in a child Python started with
+``-W error::DeprecationWarning`` (and the same in PYTHONWARNINGS, for the
+children it starts), on every version the project tests; the policy API
+(``EventLoopPolicy``, ``install()``), kept for older code, warns there as
+asyncio's policy functions do and still works.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from servers import child_env
+
+import socknotify_loop
+
+OURS = f"{socknotify_loop.Loop.__module__}.{socknotify_loop.Loop.__qualname__}"
+STRICT = ["-W", "error::DeprecationWarning"]
+
+LOOP_NAME = textwrap.dedent("""\
+    import asyncio
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0)
+        return f"{type(loop).__module__}.{type(loop).__qualname__}"
+    """)
+
+
+def strict_env() -> dict:
+    env = child_env()
+    env["PYTHONWARNINGS"] = "error::DeprecationWarning"
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def run_strict(args, cwd) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, *STRICT, *args], cwd=str(cwd), env=strict_env(),
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+RECIPES = {
+    "run": ("socknotify_loop.run(main())", (3, 9)),
+    "run_debug": ("socknotify_loop.run(main(), debug=True)", (3, 9)),
+    "asyncio_run_loop_factory": (
+        "asyncio.run(main(), loop_factory=socknotify_loop.new_event_loop)", (3, 12)),
+    "runner_loop_factory": (
+        "asyncio.Runner(loop_factory=socknotify_loop.new_event_loop).__enter__().run(main())",
+        (3, 11)),
+    "new_event_loop": (
+        "(lambda loop: (loop.run_until_complete(main()), loop.close())[0])("
+        "socknotify_loop.new_event_loop())", (3, 9)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_runs_with_deprecations_as_errors(tmp_path, name):
+    expression, since = RECIPES[name]
+    if sys.version_info < since:
+        pytest.skip(f"needs Python {since[0]}.{since[1]}+")
+    script = tmp_path / "recipe.py"
+    script.write_text(LOOP_NAME + "import socknotify_loop\n"
+                      f"print('loop', {expression})\n")
+    assert run_strict([str(script)], tmp_path).stdout.split() == ["loop", OURS]
+
+
+def test_launcher_with_deprecations_as_errors(tmp_path):
+    """``python -m socknotify_loop app.py`` and ``-m module``: asyncio.run,
+    new_event_loop and (3.11+) Runner without a factory all get our loop."""
+    body = LOOP_NAME + textwrap.dedent("""\
+        import sys
+        print("run", asyncio.run(main()))
+        loop = asyncio.new_event_loop()
+        print("new_event_loop", loop.run_until_complete(main()))
+        loop.close()
+        if sys.version_info >= (3, 11):
+            with asyncio.Runner() as runner:
+                print("Runner", runner.run(main()))
+        """)
+    (tmp_path / "app.py").write_text(body)
+    expected = 3 if sys.version_info >= (3, 11) else 2
+    for args in (["app.py"], ["-m", "app"]):
+        out = run_strict(["-m", "socknotify_loop", *args], tmp_path).stdout.split("\n")
+        names = [line.split()[1] for line in out if line]
+        assert names == [OURS] * expected, out
+
+
+def test_pytest_asyncio_hook_with_deprecations_as_errors(tmp_path):
+    """docs/switching.md's pytest-asyncio recipe (1.4+), the test run itself
+    with DeprecationWarning as an error."""
+    from importlib.metadata import version
+    pytest.importorskip("pytest_asyncio")
+    found = tuple(int(part) for part in version("pytest-asyncio").split(".")[:2])
+    if found < (1, 4):
+        pytest.skip(f"pytest-asyncio {found} has no pytest_asyncio_loop_factories hook")
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""\
+        import socknotify_loop
+
+        def pytest_asyncio_loop_factories(config, item):
+            return {"socknotify": socknotify_loop.new_event_loop}
+        """))
+    (tmp_path / "test_recipe.py").write_text(textwrap.dedent(f"""\
+        import asyncio
+        import pytest
+
+        @pytest.mark.asyncio
+        async def test_loop_is_ours():
+            loop = asyncio.get_running_loop()
+            assert f"{{type(loop).__module__}}.{{type(loop).__qualname__}}" == {OURS!r}
+        """))
+    # The scope option set: unset, pytest-asyncio itself warns (a
+    # PytestDeprecationWarning, a DeprecationWarning subclass) about it.
+    result = run_strict(["-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "-o", "asyncio_default_fixture_loop_scope=function",
+                         "-W", "error::DeprecationWarning", str(tmp_path)], tmp_path)
+    assert "1 passed" in result.stdout, result.stdout
+
+
+@pytest.mark.skipif(sys.version_info < (3, 14), reason="policies are deprecated from 3.14")
+def test_policy_api_warns_and_still_works_on_314_and_later():
+    """Kept for older code: reaching EventLoopPolicy or install() warns, as
+    asyncio's own policy functions do, and they still make our loop."""
+    import asyncio
+    import warnings
+
+    with pytest.warns(DeprecationWarning, match="install"):
+        install = socknotify_loop.install
+    with pytest.warns(DeprecationWarning, match="EventLoopPolicy"):
+        policy_class = socknotify_loop.EventLoopPolicy
+    with pytest.warns(DeprecationWarning):
+        asyncio.get_event_loop_policy()       # asyncio warns for its own, too
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            install()                          # the warning came with the name
+        loop = policy_class().new_event_loop()
+        assert type(loop) is socknotify_loop.Loop
+        loop.close()
+        async def name():
+            return type(asyncio.get_running_loop())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            assert asyncio.run(name()) is socknotify_loop.Loop
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.set_event_loop_policy(None)
