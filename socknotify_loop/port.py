@@ -61,11 +61,13 @@ _ALL_TRIGGERS = TRIGGER_ONESHOT | TRIGGER_PERSISTENT | TRIGGER_LEVEL | TRIGGER_E
 _OPS = (OP_NONE, OP_ENABLE, OP_DISABLE, OP_REMOVE)
 _MAX_KEY = (1 << 64) - 1
 
-_BACKENDS = {"epoll": lib.SN_BACKEND_EPOLL, "psn": lib.SN_BACKEND_PSN, "afd": lib.SN_BACKEND_AFD}
+_BACKENDS = {"epoll": lib.SN_BACKEND_EPOLL, "psn": lib.SN_BACKEND_PSN, "afd": lib.SN_BACKEND_AFD,
+             "strict": lib.SN_BACKEND_STRICT}
 
 #: Names of the kernel-call counters, in the core's order (SN_COUNT_*).
 COUNTER_NAMES = ("waits", "changes", "wakes", "drains",
-                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "rebuilds")
+                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "rebuilds",
+                 "fallbacks")
 assert len(COUNTER_NAMES) == lib.SN_COUNTERS
 
 

@@ -79,6 +79,20 @@ typedef struct sn_backend_ops {
     int (*rebuild)(sn_port_t *port, sn_registration_t *items, uint32_t count);
 } sn_backend_ops_t;
 
+/* Internal capability (beside the public SN_CAP_*): the backend's kernel
+   keeps a socket's FIRST completion key until the REMOVE event of its
+   registration has been dequeued (ProcessSocketNotifications: "to change
+   completion keys, deregister the notification, wait for the
+   SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). The port then
+   never gives a live socket a new kernel key: see sn_port.c, "One kernel
+   key per socket". */
+#define SN_CAP_KEY_FIXED 0x100
+
+/* A backend's verdict for every registration of a call that failed as a
+   whole ("the entire operation failed, and no changes occurred"): the
+   port layer keeps each record as it was and reports the call's error. */
+#define SN_RESULT_UNAPPLIED 0xFFFFFFFFu
+
 /* A registration record: one per registered socket. */
 typedef struct sn_record {
     uint64_t socket;
@@ -91,6 +105,14 @@ typedef struct sn_record {
     uint8_t  in_kernel;   /* enabled in the kernel (and not disabled since) */
     uint8_t  kmode;       /* SN_KMODE_*: how the kernel item stands in for
                              a one-shot registration (SN_CAP_LAZY_REARM) */
+    uint8_t  disabled;    /* DISABLE applied (or on its way): nothing is
+                             reported until the next ENABLE */
+    uint8_t  quiet;       /* REMOVING: its REMOVE event is not reported */
+    uint8_t  reborn;      /* REMOVING: an ENABLE waits for the REMOVE event
+                             (SN_CAP_KEY_FIXED), with the fields below */
+    uint8_t  next_trigger;
+    uint16_t next_events;
+    uint64_t next_key;
 } sn_record_t;
 
 /* What the kernel holds for a LEVEL|ONESHOT registration on a backend
@@ -153,6 +175,11 @@ struct sn_port {
     uint32_t rearm_count;
     uint32_t rearm_cap;
     int rearm_mode;
+    /* Records reborn after their REMOVE event (SN_CAP_KEY_FIXED): their
+       waiting ENABLE goes to the kernel in the next call. */
+    uint32_t *deferred_slots;
+    uint32_t deferred_count;
+    uint32_t deferred_cap;
     /* The kernel key of the last stale event dropped (lazy re-arms: the
        same stale key twice means an orphaned kernel item, see sn_port.c). */
     uint64_t last_stale;
@@ -193,6 +220,12 @@ extern const sn_backend_ops_t sn_epoll_ops;
 #ifdef _WIN32
 extern const sn_backend_ops_t sn_psn_ops;   /* the OS's ProcessSocketNotifications */
 extern const sn_backend_ops_t sn_afd_ops;   /* the same port code on the polyfill */
+extern const sn_backend_ops_t sn_strict_ops; /* the strict model (sn_model.c), tests */
 #endif
+
+/* Count a caller in and out of a port (sn_port.c, "Closing"), for entry
+   points that live in a backend's file (sn_model_control). */
+int sn_port_enter(sn_port_t *port);
+void sn_port_leave(sn_port_t *port);
 
 #endif /* SN_INTERNAL_H */
