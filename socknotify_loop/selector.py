@@ -478,8 +478,25 @@ class NotifySelector(selectors.BaseSelector):
         if got < 0:
             if -got == _ERROR_INTERRUPTED:
                 return -1
+            if count:
+                self._requeue(count, -got)
             self._check(-got)
         return got
+
+    def _requeue(self, count: int, error: int) -> None:
+        """A select that failed as a whole: the changes it carried whose
+        result is the call's error were not applied ("the entire operation
+        failed, and no changes occurred"), so they go back to the front of
+        the queue for the next select; nothing is lost."""
+        buffer = self._changes_buffer
+        unpack_from = _REGISTRATION.unpack_from
+        size = _REGISTRATION.size
+        again = []
+        for offset in range(0, count * size, size):
+            fd, slot, events, op, trigger, result = unpack_from(buffer, offset)
+            if result == error:
+                again.append(_new_change(Change, (fd, slot, events, op, trigger)))
+        self._pending[:0] = again
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
         """Apply the recorded changes and re-arms, wait, return ready keys.

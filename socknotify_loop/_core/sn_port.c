@@ -701,10 +701,30 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
             if (record != NULL && record->state == SN_RECORD_LIVE &&
                 record->user_key != reg->key) {
                 if (key_fixed) {
-                    /* Re-keyed (or the value reused after a silent
-                       closesocket): the kernel key stays, as the kernel
-                       keeps it; the new key is reported from now on. */
-                    record->user_key = reg->key;
+                    /* Re-keyed, or the value reused after a silent
+                       closesocket(): the port cannot tell which. The
+                       kernel keeps the old key for a live registration,
+                       and whatever it queued under it must not reach the
+                       new key. So: a quiet REMOVE now, and this ENABLE
+                       waits in the record for its REMOVE event (or goes
+                       at once if the REMOVE fails: the socket was closed,
+                       and the kernel holds nothing). */
+                    if ((err = sn__valid_trigger(port->ops, reg->trigger)) != 0)
+                        break;
+                    record->state = SN_RECORD_REMOVING;
+                    record->quiet = 1;
+                    record->reborn = 1;
+                    record->next_key = reg->key;
+                    record->next_events = reg->events;
+                    record->next_trigger = reg->trigger;
+                    p->was_disabled = record->disabled;
+                    p->waits = 2;
+                    p->slot = slot;
+                    kreg->op = SN_OP_REMOVE;
+                    kreg->events = 0;
+                    kreg->trigger = SN_TRIGGER_QUIET;
+                    kreg->key = SN_KERNEL_KEY(slot, record->generation);
+                    continue;
                 } else {
                     /* The socket value was reused (or re-keyed): whatever
                        is queued under the old key must not reach this one. */
@@ -837,11 +857,14 @@ static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         if (kregs[i].result == SN_RESULT_UNAPPLIED) {
             if (i < callers)
                 regs[i].result = (uint32_t)call_error;
+            if (p->waits == 2)
+                port->records[p->slot].reborn = 0;   /* and back to LIVE: */
             sn__unapply(port, &kregs[i], p);
             continue;
         }
         if (i < callers)
-            regs[i].result = kregs[i].result;
+            /* A re-key's REMOVE is ours: the caller's ENABLE waits. */
+            regs[i].result = p->waits == 2 ? 0 : kregs[i].result;
         record = &port->records[p->slot];
         /* A verdict about an older generation of this slot has nothing
            left to settle. */
@@ -1205,7 +1228,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     sn_registration_t *kregs = stack_kregs;
     sn_pending_t *pending = stack_pending;
     sn_kevent_t *events = stack_events;
-    uint32_t internal = 0, total, refused, kcap = SN_STACK_REGS, callers = count;
+    uint32_t internal = 0, total, refused, kcap = SN_STACK_REGS, callers = count, rounds = 0;
     int64_t deadline = 0;
     int err = 0;
 
@@ -1264,10 +1287,16 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             reported += sn__deliver(port, events, got, sink);
             sn_mutex_unlock(&port->lock);
         }
-        if (err != 0 || reported != 0 || timeout_ms == 0)
+        if (err != 0 || reported != 0)
             break;
-        if (got == 0 && dropped == 0)
+        if (timeout_ms == 0) {
+            /* A poll still applies the ENABLEs that waited for a REMOVE
+               event it dequeued: one more call, that does not wait. */
+            if (port->deferred_count == 0 || rounds++ != 0)
+                break;
+        } else if (got == 0 && dropped == 0) {
             break;       /* timed out, or interrupted */
+        }
         if (sn_atomic_load(&port->closing))
             break;       /* woken by close() */
         /* Everything dequeued was dropped: wait again for what is left,
