@@ -66,7 +66,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
 __all__ = ["describe_environment", "main", "use_socknotify_loop"]
 
 USAGE = """\
-usage: python -m socknotify_loop [--info] [--probe-os] [-h] [--version] (script.py | -m module) [args ...]
+usage: python -m socknotify_loop [--info] [--probe-os] [-h] [--version]
+                                 (script.py | -m module) [args ...]
 
 Run an asyncio program unchanged on socknotify_loop.
 

@@ -126,6 +126,12 @@ def _keys(notes: List[Tuple[int, int]], bit: int) -> List[int]:
     return sorted({key for key, events in notes if events & bit})
 
 
+def _which_key(keys: List[int]) -> str:
+    """Key 1 was the first ENABLE's, key 2 the later one's."""
+    return {1: "first key kept", 2: "new key used"}.get(keys[0], f"keys {keys}") \
+        if len(keys) == 1 else f"keys {keys}"
+
+
 def _registered(rc: int, results: List[int]) -> Optional[str]:
     """None if the one registration was accepted, else what happened."""
     if rc not in (0, WAIT_TIMEOUT, ERROR_TIMEOUT):
@@ -147,8 +153,7 @@ def key_change_without_remove(backend: str) -> str:
         if problem:
             return f"second ENABLE {problem}"
         b.send(b"x")
-        keys = _keys(port.collect(300), EVENT_IN)
-        return {(1,): "first key kept", (2,): "new key used"}.get(tuple(keys), f"keys {keys}")
+        return _which_key(_keys(port.collect(300), EVENT_IN))
 
 
 def remove_then_enable_in_one_call(backend: str) -> str:
@@ -163,8 +168,7 @@ def remove_then_enable_in_one_call(backend: str) -> str:
             return f"refused (call {rc}, results {results})"
         b.send(b"x")
         notes = port.collect(300)
-        keys = _keys(notes, EVENT_IN)
-        told = {(1,): "first key kept", (2,): "new key used"}.get(tuple(keys), f"keys {keys}")
+        told = _which_key(_keys(notes, EVENT_IN))
         return f"{told}; REMOVE under {_keys(notes, EVENT_REMOVE) or 'none'}"
 
 
