@@ -127,14 +127,14 @@ def _counted_run(case_name: str, loop_name: str, count: int, timeout: float) -> 
         if loop_name in loops.OURS else None
     if port is not None:
         selector = loop._selector
-        pack = selector._pack
+        prepare = selector._prepare
 
-        def counted_pack():
-            n = pack()
+        def counted_prepare():
+            n = prepare()
             submitted[0] += n
             return n
-        # The changes and re-arms queued for the next wait go through _pack.
-        selector._pack = counted_pack
+        # The changes queued for the next wait go through _prepare.
+        selector._prepare = counted_prepare
     try:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(asyncio.wait_for(cases.CASES[name](cfg), timeout))

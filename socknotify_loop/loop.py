@@ -222,8 +222,25 @@ class Loop(asyncio.SelectorEventLoop):
                 wait_ms = -1
 
             selector = self._selector
-            got = _select(selector._handle, selector._pack() if selector._pending else 0,
-                          wait_ms)
+            # The selector's select(), inline: its lock is held from taking
+            # the queued changes to reading the answer (see selector.py).
+            if not selector._selecting.acquire(False):
+                raise RuntimeError("select() is already running in another thread")
+            try:
+                got = _select(selector._handle,
+                              selector._prepare() if selector._pending or selector._released
+                              else 0,
+                              wait_ms)
+                if got == 1:
+                    out = selector._out
+                    key = selector._keys[out[0]]
+                    mask = out[1]
+                elif got > 0:
+                    if got > _PAIRS:
+                        got = selector._io_completed(got)
+                    values = iter(selector._out[:got << 1].tolist())
+            finally:
+                selector._selecting.release()
             if got == 1:
                 # Most iterations get exactly one event: read it in place.
                 # This is the loop below, written out for one pair: the
@@ -233,10 +250,7 @@ class Loop(asyncio.SelectorEventLoop):
                 # A mask is 1 (read), 2 (write) or 3 (both), never 0: the
                 # tests below use !=, which Python specialises for small
                 # ints, where & is a generic call.
-                out = selector._out
-                key = selector._keys[out[0]]
                 if key is not None:
-                    mask = out[1]
                     reader, writer = key.data
                     if mask != 2 and reader is not None:
                         if reader._cancelled:
@@ -249,9 +263,6 @@ class Loop(asyncio.SelectorEventLoop):
                         else:
                             ready.append(writer)
             elif got > 0:
-                if got > _PAIRS:
-                    got = selector._io_completed(got)
-                values = iter(selector._out[:got << 1].tolist())
                 keys = selector._keys
                 for slot, mask in zip(values, values):
                     key = keys[slot]

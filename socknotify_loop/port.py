@@ -66,8 +66,7 @@ _BACKENDS = {"epoll": lib.SN_BACKEND_EPOLL, "psn": lib.SN_BACKEND_PSN, "afd": li
 
 #: Names of the kernel-call counters, in the core's order (SN_COUNT_*).
 COUNTER_NAMES = ("waits", "changes", "wakes", "drains",
-                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "rebuilds",
-                 "fallbacks")
+                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "fallbacks")
 assert len(COUNTER_NAMES) == lib.SN_COUNTERS
 
 
@@ -328,9 +327,7 @@ class Port:
         on afd), ``changes`` (epoll_ctl), ``wakes``/``drains`` (eventfd or
         PostQueuedCompletionStatus), and on afd the polyfill's own
         NtDeviceIoControlFile polls, NtCancelIoFileEx cancels,
-        GetQueuedCompletionStatusEx dequeues and posted packets; on epoll,
-        ``rebuilds``: interest sets rebuilt to drop a kernel item that
-        outlived its descriptor (see the design notes on lazy re-arms)."""
+        GetQueuedCompletionStatusEx dequeues and posted packets."""
         out = ffi.new("uint64_t[]", len(COUNTER_NAMES))
         n = lib.sn_port_counters(self._handle, out, len(COUNTER_NAMES))
         return {COUNTER_NAMES[i]: int(out[i]) for i in range(n)}

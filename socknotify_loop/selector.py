@@ -41,6 +41,15 @@ never leaves the wait blocked: it is reported once as ready for the key's
 events, like ``EPOLLERR``, so its owner's callback meets the error in
 ``recv``/``send``; the registration is dropped by the port.
 
+Threads: as with ``selectors.EpollSelector``, ``register``, ``modify`` and
+``unregister`` may be called from any thread while one thread is inside
+``select``. The bookkeeping they share is guarded by one lock; a select
+holds a second one from the moment it takes the queued changes to the
+moment it has read its answer, so a select refused because another thread
+is selecting has touched nothing. A slot freed by ``unregister`` is reused
+only from the next select on: an answer already in flight may still name
+it, and must not be read as its next owner's.
+
 Overlapped I/O completions (Windows only: handles associated with the
 port, see :mod:`socknotify_loop._windows_io`) come out of the same call.
 The selector does not interpret them: it hands their keys (OVERLAPPED
@@ -50,6 +59,7 @@ Windows loop's proactor installs.
 from __future__ import annotations
 
 import selectors
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from time import monotonic as _monotonic
 from typing import Any, NamedTuple
@@ -65,6 +75,7 @@ from .port import (  # type: ignore[attr-defined]
     EVENT_HANGUP,
     EVENT_IN,
     EVENT_OUT,
+    OP_DISABLE,
     OP_ENABLE,
     OP_REMOVE,
     TRIGGER_LEVEL,
@@ -102,12 +113,18 @@ IOCompletionHandler = Callable[[list[int]], None]
 # Port event filter for each selector mask. HANGUP goes with READ: a
 # reader meets EOF when the peer hangs up. A write-only registration does
 # not ask for it: a peer's half-close does not make a full send buffer
-# writable.
+# writable. modify() accepts any events value, as EpollSelector's does:
+# only these two bits are watched (0 watches nothing: the registration is
+# disabled).
 _FILTER_OF_MASK = {
     EVENT_READ: EVENT_IN | EVENT_HANGUP,
     EVENT_WRITE: EVENT_OUT,
     EVENT_READ | EVENT_WRITE: EVENT_IN | EVENT_HANGUP | EVENT_OUT,
 }
+_WATCHED = EVENT_READ | EVENT_WRITE
+
+# The largest descriptor epoll takes: a C int.
+_MAX_EPOLL_FD = 0x7FFFFFFF
 
 # sn_port_select()'s answer: pairs in the low 32 bits, I/O keys above.
 _PAIRS = 0xFFFFFFFF
@@ -180,13 +197,17 @@ class NotifySelector(selectors.BaseSelector):
         # the port's answer to the key. Slot 0 is never handed out.
         self._keys: list[SelectorKey | None] = [None]
         self._free: list[int] = []
+        # Slots unregistered since the last select: free from the next one
+        # on (see the module docstring on threads).
+        self._released: list[int] = []
         # Changes for the next select() (completion-port backends only).
         self._pending: list[Change] = []
         self._unsent: set[int] = set()   # slots whose first ENABLE is still queued
-        # epoll: fd -> slot of an unregister whose REMOVE waits in _pending
-        # for the next select (see unregister); the slot is not reused
-        # before that REMOVE reaches the port.
-        self._parked: dict[int, int] = {}
+        # Guards the bookkeeping above against other threads' changes.
+        self._lock = threading.Lock()
+        # Held by the thread inside select(), from taking the queued
+        # changes to reading the answer out of the bound buffer.
+        self._selecting = threading.Lock()
         self._map: _SelectorMapping | None = _SelectorMapping(self)
         #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
         #: completions each wait dequeues (Windows handles associated with
@@ -203,8 +224,9 @@ class NotifySelector(selectors.BaseSelector):
 
     def _bind(self, room: int, changes_room: int) -> bool:
         """Lend the port buffers for ``room`` ready registrations per select
-        and ``changes_room`` changes. False if a select is running in
-        another thread (the old buffers stay bound, and stay alive)."""
+        and ``changes_room`` changes (the caller holds ``_selecting``, or
+        is ``__init__``). False if a select is running in another thread
+        (the old buffers stay bound, and stay alive)."""
         words = _WORDS_PER_PAIR * (room + changes_room)
         out = ffi.new("uint64_t[]", words)
         changes = ffi.new("sn_registration_t[]", changes_room)
@@ -247,7 +269,8 @@ class NotifySelector(selectors.BaseSelector):
         try:
             return _fileobj_to_fd(fileobj)
         except ValueError:
-            for record in self._records.values():
+            # A copy: other threads may be changing the dict.
+            for record in list(self._records.values()):
                 if record.key.fileobj is fileobj:
                     return record.key.fd
             raise
@@ -270,9 +293,10 @@ class NotifySelector(selectors.BaseSelector):
     # -- changes -------------------------------------------------------------------
 
     def _change(self, fd: int, slot: int, events: int, op: int, trigger: int) -> None:
-        """Apply a change now (epoll) or queue it for the next select().
-        Raises for a refused ENABLE; a refused REMOVE means the descriptor
-        was closed first, which the stdlib selectors ignore too."""
+        """Apply a change now (epoll) or queue it for the next select()
+        (``_lock`` held). Raises for a refused ENABLE; a refused REMOVE
+        means the descriptor was closed first, which the stdlib selectors
+        ignore too."""
         if self._at_once:
             code = _change_now(self._handle, fd, slot, events, op, trigger)
             if code:
@@ -283,101 +307,103 @@ class NotifySelector(selectors.BaseSelector):
         else:
             self._pending.append(_new_change(Change, (fd, slot, events, op, trigger)))
 
+    def _enable(self, fd: int, slot: int, events: int) -> None:
+        """The port change that makes a registration watch ``events``
+        (``_lock`` held): an ENABLE of their filter, or a DISABLE when they
+        hold neither READ nor WRITE (modify() accepts that, as
+        EpollSelector does)."""
+        watched = events & _WATCHED
+        if watched:
+            self._change(fd, slot, _FILTER_OF_MASK[watched], OP_ENABLE, _ONESHOT_LEVEL)
+        else:
+            self._change(fd, slot, 0, OP_DISABLE, 0)
+
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         """Register ``fileobj`` for ``events``.
 
         Raises ValueError for invalid events or file object, KeyError if it
-        is already registered, and OSError for a descriptor the port refuses
-        (on epoll, what ``epoll_ctl`` says: PermissionError for a regular
-        file; elsewhere, a descriptor that is not an open socket).
+        is already registered, OverflowError for a descriptor epoll cannot
+        take (above a C int, as EpollSelector), and OSError for a
+        descriptor the port refuses (on epoll, what ``epoll_ctl`` says:
+        PermissionError for a regular file; elsewhere, a descriptor that is
+        not an open socket).
         """
-        if not events or events & ~(EVENT_READ | EVENT_WRITE):
+        if not events or events & ~_WATCHED:
             raise ValueError(f"Invalid events: {events!r}")
         fd = self._fileobj_lookup(fileobj)
-        records = self._records
-        if fd in records:
-            raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
-        if self._map is None:
-            # What EpollSelector raises: its epoll object is closed.
-            raise ValueError("I/O operation on a closed selector")
-        at_once = self._at_once
-        if not at_once:
-            code = self._port._probe(fd)
-            if code:
-                raise _os_error(code)
-        keys = self._keys
-        free = self._free
-        slot = free[-1] if free else len(keys)
-        pending = self._pending
-        if at_once and fd in self._parked:
-            # Unregistered and registered again before the next select
-            # (asyncio's sock_recv: its reader goes in a done callback, the
-            # next sock_recv adds it back). Its REMOVE has not been sent:
-            # this ENABLE replaces it, under a NEW slot, so the port re-keys
-            # the registration: one EPOLL_CTL_MOD where the pair would have
-            # cost a DEL and an ADD. Whatever the old key still had queued
-            # is stale; and if the number was closed and reused meanwhile,
-            # the modify finds no item and the port adds the new file.
-            old_slot = self._parked.pop(fd)
-            self._drop_pending(old_slot)
-            try:
+        with self._lock:
+            records = self._records
+            if fd in records:
+                raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
+            if self._map is None:
+                # What EpollSelector raises: its epoll object is closed.
+                raise ValueError("I/O operation on a closed selector")
+            at_once = self._at_once
+            if at_once:
+                if fd > _MAX_EPOLL_FD:
+                    raise OverflowError(f"file descriptor {fd} does not fit a C int")
+            else:
+                code = self._port._probe(fd)
+                if code:
+                    raise _os_error(code)
+            keys = self._keys
+            free = self._free
+            slot = free[-1] if free else len(keys)
+            pending = self._pending
+            if (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
+                    and pending[-1].fd == fd):
+                # Unregistered and registered again before the next select
+                # (what asyncio's sock_recv does: its reader goes in a done
+                # callback, the next sock_recv adds it back): the port still
+                # has the registration, so the pair is one modification of
+                # it. On AFD a poll still in flight then keeps serving
+                # instead of being cancelled and made again.
+                pending[-1] = _new_change(
+                    Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
+                known_to_port = True
+            else:
+                known_to_port = at_once
+                # Raises before anything is recorded.
                 self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
+            key = SelectorKey(fileobj, fd, events, data)
+            if slot < len(keys):     # taken from the free stack
+                free.pop()
+                keys[slot] = key
+            else:
+                keys.append(key)
+            records[fd] = _new_record(_Record, (key, slot))
+            if not known_to_port:
+                self._unsent.add(slot)
+        if len(records) > self._room and self._selecting.acquire(False):
+            # Room for every registration to be ready at once; when a
+            # select is running, the next register tries again.
+            try:
+                self._bind(self._room * 2, self._changes_room)
             finally:
-                # The port retired the old registration either way. At the
-                # bottom of the stack: `slot` stays the one taken below.
-                free.insert(0, old_slot)
-            known_to_port = True
-        elif (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
-                and pending[-1].fd == fd):
-            # Unregistered and registered again before the next select (what
-            # asyncio's sock_recv does: its reader goes in a done callback,
-            # the next sock_recv adds it back): the port still has the
-            # registration, so the pair is one modification of it. On AFD
-            # a poll still in flight then keeps serving instead of being
-            # cancelled and made again.
-            pending[-1] = _new_change(
-                Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
-            known_to_port = True
-        else:
-            known_to_port = at_once
-            # Raises before anything is recorded.
-            self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-        key = SelectorKey(fileobj, fd, events, data)
-        if slot < len(keys):     # taken from the free stack
-            free.pop()
-            keys[slot] = key
-        else:
-            keys.append(key)
-        records[fd] = _new_record(_Record, (key, slot))
-        if not known_to_port:
-            self._unsent.add(slot)
-        if len(records) > self._room:
-            self._bind(self._room * 2, self._changes_room)
+                self._selecting.release()
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
         """Unregister ``fileobj``; KeyError if it is not registered.
 
         Never fails for a socket closed meanwhile (as with the stdlib
-        selectors, the port's refusal to remove it is ignored).
+        selectors, the port's refusal to remove it is ignored). On epoll
+        the registration leaves the kernel now, while the descriptor is
+        still open: asyncio closes a socket right after removing its
+        reader, and a removal made after the close could not reach an item
+        whose file lives on in a dup() or a forked child.
         """
+        with self._lock:
+            return self._forget(fileobj)
+
+    def _forget(self, fileobj: Any) -> SelectorKey:
+        """unregister() with ``_lock`` held."""
         try:
             key, slot = self._records.pop(self._fileobj_lookup(fileobj))
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
         self._keys[slot] = None
-        if self._at_once:
-            # epoll: the REMOVE goes with the next select, unless a register
-            # of the same descriptor comes first (see register). Nothing is
-            # reported for the slot meanwhile (its key is gone), and a
-            # descriptor closed before that select is no hazard: the port
-            # drops the registration when the remove fails, and an epoll
-            # item that outlives the close is found and dropped by the
-            # port's interest-set rebuild.
-            self._parked[key.fd] = slot
-            self._pending.append(_new_change(Change, (key.fd, slot, 0, OP_REMOVE, 0)))
-            return key
-        self._free.append(slot)
+        self._released.append(slot)
         if slot in self._unsent:
             # The port never heard of it: forget its queued changes.
             self._unsent.discard(slot)
@@ -389,57 +415,64 @@ class NotifySelector(selectors.BaseSelector):
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         """Change the events and/or data of a registered file object.
 
-        Only an events change costs a port operation.
+        As with EpollSelector, any events value is accepted: the READ and
+        WRITE bits are watched, and the key keeps the value given. Only an
+        events change costs a port operation; one the port refuses
+        unregisters the file object and raises.
         """
-        try:
-            fd = self._fileobj_lookup(fileobj)
-            key, slot = self._records[fd]
-        except KeyError:
-            raise KeyError(f"{fileobj!r} is not registered") from None
-        if events != key.events:
-            if not events or events & ~(EVENT_READ | EVENT_WRITE):
-                raise ValueError(f"Invalid events: {events!r}")
+        with self._lock:
             try:
-                self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-            except OSError:
-                # What EpollSelector does: a refused modify unregisters.
-                self.unregister(fileobj)
-                raise
-            key = key._replace(events=events, data=data)
-        elif data is not key.data:
-            key = key._replace(data=data)
-        else:
-            return key
-        self._records[fd] = _new_record(_Record, (key, slot))
-        self._keys[slot] = key
+                fd = self._fileobj_lookup(fileobj)
+                key, slot = self._records[fd]
+            except KeyError:
+                raise KeyError(f"{fileobj!r} is not registered") from None
+            if events != key.events:
+                if (events ^ key.events) & _WATCHED:
+                    try:
+                        self._enable(fd, slot, events)
+                    except OSError:
+                        # What EpollSelector does: a refused modify unregisters.
+                        self._forget(fileobj)
+                        raise
+                key = key._replace(events=events, data=data)
+            elif data != key.data:
+                key = key._replace(data=data)
+            else:
+                return key
+            self._records[fd] = _new_record(_Record, (key, slot))
+            self._keys[slot] = key
         return key
 
     def _drop_pending(self, slot: int) -> None:
-        """Forget the queued changes of ``slot``."""
+        """Forget the queued changes of ``slot`` (``_lock`` held)."""
         self._pending = [c for c in self._pending if c.key != slot]
 
-    def _pack(self) -> int:
-        """Move the queued changes into the bound buffer; returns how many."""
-        pending = self._pending
-        count = len(pending)
-        if count > self._changes_room:
-            room = self._changes_room
-            while room < count:
-                room *= 2
-            if not self._bind(self._room, room):
-                raise RuntimeError("select() is already running in another thread")
-        buffer = self._changes_buffer
-        pack_into = _REGISTRATION.pack_into
-        size = _REGISTRATION.size
-        for offset, change in zip(range(0, count * size, size), pending):
-            pack_into(buffer, offset, *change, 0)
-        pending.clear()
-        self._unsent.clear()
-        if self._parked:
-            # Their REMOVEs are in this batch: the slots are free after it.
-            self._free.extend(self._parked.values())
-            self._parked.clear()
-        return count
+    def _prepare(self) -> int:
+        """Start a select (``_selecting`` held): free the slots released
+        since the last one and move the queued changes into the bound
+        buffer; returns how many changes there are."""
+        with self._lock:
+            if self._released:
+                self._free.extend(self._released)
+                self._released.clear()
+            pending = self._pending
+            count = len(pending)
+            if not count:
+                return 0
+            if count > self._changes_room:
+                room = self._changes_room
+                while room < count:
+                    room *= 2
+                # Cannot be refused: this thread holds _selecting.
+                self._bind(self._room, room)
+            buffer = self._changes_buffer
+            pack_into = _REGISTRATION.pack_into
+            size = _REGISTRATION.size
+            for offset, change in zip(range(0, count * size, size), pending):
+                pack_into(buffer, offset, *change, 0)
+            pending.clear()
+            self._unsent.clear()
+            return count
 
     # -- the one call ---------------------------------------------------------------
 
@@ -471,7 +504,7 @@ class NotifySelector(selectors.BaseSelector):
         completions go to :attr:`io_completion_handler`; a wait interrupted
         by a signal before anything arrived returns -1 (the signal's Python
         handler runs as soon as Python resumes)."""
-        count = self._pack() if self._pending else 0
+        count = self._prepare() if self._pending or self._released else 0
         got: int = lib.sn_port_select(self._handle, count, wait_ms)
         if got > _PAIRS:
             return self._io_completed(got)
@@ -507,12 +540,17 @@ class NotifySelector(selectors.BaseSelector):
         """
         wait_ms = timeout_ms(timeout)
         deadline = _monotonic() + timeout if wait_ms > 0 else None  # type: ignore[operator]
-        got = self._wait(wait_ms)
-        if got < 0:
-            got = self._wait_again(wait_ms, deadline)
-        if not got:
-            return []
-        values = self._out[:got * _WORDS_PER_PAIR].tolist()
+        if not self._selecting.acquire(False):
+            raise RuntimeError("select() is already running in another thread")
+        try:
+            got = self._wait(wait_ms)
+            if got < 0:
+                got = self._wait_again(wait_ms, deadline)
+            if not got:
+                return []
+            values = self._out[:got * _WORDS_PER_PAIR].tolist()
+        finally:
+            self._selecting.release()
         keys = self._keys
         return [(key, mask) for slot, mask in zip(values[::2], values[1::2])
                 if (key := keys[slot]) is not None]
@@ -536,13 +574,14 @@ class NotifySelector(selectors.BaseSelector):
 
     def close(self) -> None:
         """Close the port and forget every registration. Idempotent."""
-        self._records.clear()
-        self._keys = [None]
-        self._free.clear()
-        self._pending.clear()
-        self._unsent.clear()
-        self._parked.clear()
-        self._map = None
+        with self._lock:
+            self._records.clear()
+            self._keys = [None]
+            self._free.clear()
+            self._released.clear()
+            self._pending.clear()
+            self._unsent.clear()
+            self._map = None
         self._port.close()
 
     def __repr__(self) -> str:

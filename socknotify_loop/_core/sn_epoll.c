@@ -7,12 +7,12 @@
  * report until the next EPOLL_CTL_MOD, which is exactly SOCK_NOTIFY's
  * LEVEL|ONESHOT; without it an item is persistent, and EPOLLET makes it
  * edge-triggered. So the mapping is direct:
- *     OP_ENABLE   EPOLL_CTL_MOD, or EPOLL_CTL_ADD when the fd has no item
+ *     OP_ENABLE   EPOLL_CTL_ADD for an item the port knows is new,
+ *                 EPOLL_CTL_MOD for one the kernel holds (each falls back
+ *                 to the other where the kernel knows better)
  *     OP_DISABLE  EPOLL_CTL_DEL (see below)
  *     OP_REMOVE   EPOLL_CTL_DEL, then a REMOVE event of our own
  *     post()      a queue of ours plus an eventfd that wakes the wait
- *     disarm      EPOLL_CTL_MOD to EPOLLONESHOT with an empty filter
- *     rebuild     a new epoll instance, dup3()'d over the old one's number
  *
  * The hazards, and so why the code is the way it is:
  *   - epoll cannot apply registrations and wait in one transition; Linux
@@ -26,21 +26,23 @@
  *     file description is closed, queued readiness included. A closed and
  *     reused fd number is therefore new to epoll: MOD says ENOENT, we ADD.
  *     But while a dup() of the fd lives (in this process or a forked
- *     child), the item outlives the close and can no longer be deleted by
- *     number. Such an orphan must not fire forever (see the rebuild below).
- *   - A one-shot item costs an EPOLL_CTL_MOD per re-arm, and a selector
- *     re-arms after every event: on a ping-pong that is a third more
- *     system calls than a persistent item needs. So this backend offers
- *     lazy re-arms (SN_CAP_LAZY_REARM; the port layer's "Lazy re-arms"):
- *     the items of a selector are level and persistent, and the port keeps
- *     the one-shot rule. Their orphan would fire forever; the port sees it
- *     (a stale key twice, or a disarm that fails) and asks for a rebuild:
- *     a fresh epoll instance takes every live item, each first checked
- *     with an EPOLL_CTL_MOD on the old instance (which succeeds only if the
- *     number still names the file that was registered), and replaces the
- *     old instance under the same number (dup3), orphan and all. Threads
- *     blocked in the old instance are woken through the eventfd, which
- *     both instances hold.
+ *     child), the item outlives the close and can no longer be reached by
+ *     number: an orphan. A persistent orphan would fire at every wait,
+ *     for ever, and only a new epoll instance gets rid of it. So the
+ *     selector's registrations stay EPOLLONESHOT in the kernel, and each
+ *     re-arm is an EPOLL_CTL_MOD: an orphan then fires at most once, is
+ *     dropped by the port as stale, and stays disarmed. (Keeping the items
+ *     persistent and the one-shot rule in the port saved that MOD; it also
+ *     cost a rebuild of the interest set per orphan, which needs a spare
+ *     descriptor and a spare watch per item, and replaced the file behind
+ *     the port's handle. docs/design.md has the measurements.) A caller of
+ *     the Port API that asks for a persistent item must remove it before
+ *     closing its descriptor, as epoll(7) asks of everyone.
+ *   - A new registration is one EPOLL_CTL_ADD: the port tells a new item
+ *     (SN_TRIGGER_ADD) from one the kernel holds (SN_TRIGGER_MODIFY_ONLY),
+ *     so neither costs a failed call first. ADD meets EEXIST when the
+ *     kernel still holds an item the port forgot (a registration re-keyed
+ *     under the same descriptor): then it is modified.
  *   - epoll says EPOLLRDHUP when the peer shut its sending side down and
  *     EPOLLHUP when both directions are gone. The first is a hang-up of the
  *     read side only (a read meets EOF; a write may still block on a full
@@ -76,10 +78,6 @@
 typedef struct epoll_port {
     int epfd;
     int wakefd;
-    /* Held while changes are applied and while the interest set is
-       rebuilt: a change made on the old instance after the rebuild copied
-       it would be lost with it. Not taken by a wait without changes. */
-    sn_mutex_t ctl_lock;
     sn_mutex_t queue_lock;      /* guards the queue */
     sn_kevent_t *queue;         /* ring buffer of REMOVE and posted events */
     uint32_t queue_head;
@@ -163,7 +161,7 @@ static int epoll__available(const char **why) {
     return 1;
 }
 
-/* The eventfd's item in an epoll instance (the port's, or a rebuilt one). */
+/* The eventfd's item in the port's epoll instance. */
 static int epoll__add_wake(int epfd, int wakefd) {
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
@@ -187,7 +185,6 @@ static int epoll__open(sn_port_t *port) {
     if (epoll__add_wake(ep->epfd, ep->wakefd) < 0)
         goto err3;
     sn_mutex_init(&ep->queue_lock);
-    sn_mutex_init(&ep->ctl_lock);
     port->impl = ep;
     return 0;
 
@@ -252,15 +249,23 @@ static uint32_t epoll__apply(sn_port_t *port, const sn_registration_t *reg) {
     case SN_OP_ENABLE:
         ev.events = epoll__interest(reg->events, reg->trigger);
         ev.data.u64 = reg->key;
+        if (reg->trigger & SN_TRIGGER_ADD) {
+            if (epoll__ctl(port, EPOLL_CTL_ADD, fd, &ev) == 0)
+                return 0;
+            /* EEXIST: the kernel kept an item the port has forgotten
+               (re-keyed under the same descriptor and file). */
+            if (errno != EEXIST)
+                return (uint32_t)errno;
+            return epoll__ctl(port, EPOLL_CTL_MOD, fd, &ev) == 0 ? 0 : (uint32_t)errno;
+        }
         if (epoll__ctl(port, EPOLL_CTL_MOD, fd, &ev) == 0)
             return 0;
         /* ENOENT for a registration the kernel had: its fd was closed
-           (and the number may be another file's now). */
+           (and the number may be another file's now), which must not
+           inherit the registration. */
         if (errno != ENOENT || (reg->trigger & SN_TRIGGER_MODIFY_ONLY))
             return (uint32_t)errno;
-        if (epoll__ctl(port, EPOLL_CTL_ADD, fd, &ev) == 0)
-            return 0;
-        return (uint32_t)errno;
+        return epoll__ctl(port, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : (uint32_t)errno;
     case SN_OP_DISABLE:
         /* Deleting is the only way to silence EPOLLERR/EPOLLHUP too. An fd
            already disabled has no item: that is success, if it is open. */
@@ -308,16 +313,12 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
 
     *received = 0;
     *dropped = 0;
-    if (count != 0) {
-        sn_mutex_lock(&ep->ctl_lock);
-        for (i = 0; i < count; i++) {
-            if (regs[i].op == SN_OP_NONE)
-                continue;
-            regs[i].result = epoll__apply(port, &regs[i]);
-            failed |= regs[i].result != 0 && regs[i].op == SN_OP_ENABLE &&
-                      !(regs[i].trigger & SN_TRIGGER_REARM);
-        }
-        sn_mutex_unlock(&ep->ctl_lock);
+    for (i = 0; i < count; i++) {
+        if (regs[i].op == SN_OP_NONE)
+            continue;
+        regs[i].result = epoll__apply(port, &regs[i]);
+        failed |= regs[i].result != 0 && regs[i].op == SN_OP_ENABLE &&
+                  !(regs[i].trigger & SN_TRIGGER_REARM);
     }
     if (max_events == 0)
         return 0;    /* registrations only */
@@ -390,7 +391,6 @@ static void epoll__close(sn_port_t *port, int inherited) {
        parent thread: leave it alone. */
     if (!inherited) {
         sn_mutex_destroy(&ep->queue_lock);
-        sn_mutex_destroy(&ep->ctl_lock);
     }
     free(ep->queue);
     free(ep);
@@ -409,79 +409,18 @@ static int epoll__check(sn_port_t *port, uint64_t socket) {
     return 0;
 }
 
-static int epoll__disarm(sn_port_t *port, uint64_t socket, uint64_t key) {
-    /* A modify (never an add) to one-shot with an empty filter. EPOLLERR
-       and EPOLLHUP cannot be masked, but a one-shot item reports them at
-       most once more; the port drops that report. */
-    sn_registration_t reg;
-    memset(&reg, 0, sizeof reg);
-    reg.socket = socket;
-    reg.key = key;
-    reg.op = SN_OP_ENABLE;
-    reg.trigger = SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL | SN_TRIGGER_MODIFY_ONLY;
-    return (int)epoll__apply(port, &reg);
-}
-
-static int epoll__rebuild(sn_port_t *port, sn_registration_t *items, uint32_t count) {
-    epoll_port_t *ep = port->impl;
-    struct epoll_event ev;
-    uint32_t i;
-    int fresh, err;
-
-    fresh = epoll_create1(EPOLL_CLOEXEC);
-    if (fresh < 0)
-        return errno;
-    sn_mutex_lock(&ep->ctl_lock);
-    memset(&ev, 0, sizeof ev);
-    if (epoll__add_wake(fresh, ep->wakefd) < 0)
-        goto fail;
-    for (i = 0; i < count; i++) {
-        int fd = (int)items[i].socket;
-        if (items[i].socket > 0x7fffffff) {
-            items[i].result = EBADF;
-            continue;
-        }
-        ev.events = epoll__interest(items[i].events, items[i].trigger);
-        ev.data.u64 = items[i].key;
-        /* A modify on the old instance finds an item only if the number
-           still names the file that was registered under it: a closed or
-           reused number must not carry the registration over. */
-        if (epoll__ctl(port, EPOLL_CTL_MOD, fd, &ev) != 0) {
-            items[i].result = (uint32_t)errno;
-            continue;
-        }
-        SN_COUNT(port, SN_COUNT_CHANGES);
-        items[i].result = epoll_ctl(fresh, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : (uint32_t)errno;
-    }
-    if (dup3(fresh, ep->epfd, O_CLOEXEC) < 0)
-        goto fail;
-    sn_mutex_unlock(&ep->ctl_lock);
-    close(fresh);
-    /* Waiters blocked in the old instance: the eventfd is in both. */
-    epoll__wake(port, ep);
-    return 0;
-fail:
-    err = errno;
-    sn_mutex_unlock(&ep->ctl_lock);
-    close(fresh);
-    return err;
-}
-
 const sn_backend_ops_t sn_epoll_ops = {
-    SN_BACKEND_EPOLL,
-    SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE,
-    SN_CAP_CHANGES_AT_ONCE | SN_CAP_LAZY_REARM,
-    epoll__available,
-    epoll__open,
-    epoll__process,
-    epoll__post,
-    epoll__wake_all,
-    epoll__close,
-    epoll__os_handle,
-    epoll__check,
-    NULL,
-    epoll__disarm,
-    epoll__rebuild,
+    .id = SN_BACKEND_EPOLL,
+    .triggers = SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE,
+    .caps = SN_CAP_CHANGES_AT_ONCE,
+    .available = epoll__available,
+    .open = epoll__open,
+    .process = epoll__process,
+    .post = epoll__post,
+    .wake_all = epoll__wake_all,
+    .close = epoll__close,
+    .os_handle = epoll__os_handle,
+    .check = epoll__check,
 };
 
 #endif /* __linux__ */

@@ -67,16 +67,6 @@ typedef struct sn_backend_ops {
     /* Add counts kept outside the port struct (the polyfill's own kernel
        calls) into out[SN_COUNTERS]; NULL when there are none. */
     void (*add_counters)(sn_port_t *port, uint64_t *out);
-    /* SN_CAP_LAZY_REARM only (NULL elsewhere), both called with the table
-       lock held. disarm: make the kernel item of `socket` report nothing
-       until its next ENABLE, keeping the item (so that ENABLE stays a
-       modify); 0 or an errno. rebuild: replace the kernel's interest set
-       with `items` (kernel registrations as the kernel should hold them),
-       keeping the port's OS handle, and dropping every item the kernel
-       held that is not among them; items[i].result gets each one's
-       errno, and the call returns 0 or the errno that stopped it. */
-    int (*disarm)(sn_port_t *port, uint64_t socket, uint64_t key);
-    int (*rebuild)(sn_port_t *port, sn_registration_t *items, uint32_t count);
 } sn_backend_ops_t;
 
 /* Internal capability (beside the public SN_CAP_*): the backend's kernel
@@ -103,8 +93,6 @@ typedef struct sn_record {
     uint8_t  state;       /* SN_RECORD_* */
     uint8_t  delivered;   /* one-shot, delivered, waiting for a REARM call */
     uint8_t  in_kernel;   /* enabled in the kernel (and not disabled since) */
-    uint8_t  kmode;       /* SN_KMODE_*: how the kernel item stands in for
-                             a one-shot registration (SN_CAP_LAZY_REARM) */
     uint8_t  disabled;    /* DISABLE applied (or on its way): nothing is
                              reported until the next ENABLE */
     uint8_t  quiet;       /* REMOVING: its REMOVE event is not reported */
@@ -114,16 +102,6 @@ typedef struct sn_record {
     uint16_t next_events;
     uint64_t next_key;
 } sn_record_t;
-
-/* What the kernel holds for a LEVEL|ONESHOT registration on a backend
-   with SN_CAP_LAZY_REARM (sn_port.c, "Lazy re-arms"). */
-enum {
-    SN_KMODE_AS_ASKED = 0,   /* the caller's own trigger */
-    SN_KMODE_LAZY = 1,       /* level and persistent: one-shot is kept by
-                                the table, so a re-arm costs no kernel call */
-    SN_KMODE_PARKED = 2,     /* one-shot with an empty filter: reported
-                                again while disarmed, so silenced */
-};
 
 /* Set by the port layer in a kernel registration's trigger (never by a
    caller: outside SN_TRIGGER_*): the registration is already in the
@@ -139,7 +117,13 @@ enum {
    that one failed (its descriptor went away under its owner), so a failure
    must not turn the call's wait into a poll the way a caller's does. */
 #define SN_TRIGGER_REARM 0x20
-#define SN_TRIGGER_INTERNAL (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET | SN_TRIGGER_REARM)
+/* Set in an ENABLE when the port knows the kernel holds no item for the
+   registration (a new record, or one disabled since): a backend whose
+   change differs for a new item (epoll: ADD, not MOD) tries that first,
+   so registering a socket costs one system call. */
+#define SN_TRIGGER_ADD 0x10
+#define SN_TRIGGER_INTERNAL \
+    (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET | SN_TRIGGER_REARM | SN_TRIGGER_ADD)
 
 enum {
     SN_RECORD_FREE = 0,
@@ -180,9 +164,6 @@ struct sn_port {
     uint32_t *deferred_slots;
     uint32_t deferred_count;
     uint32_t deferred_cap;
-    /* The kernel key of the last stale event dropped (lazy re-arms: the
-       same stale key twice means an orphaned kernel item, see sn_port.c). */
-    uint64_t last_stale;
 
     /* The selector's buffers (sn_port_bind), owned by the caller. */
     sn_registration_t *bound_changes;

@@ -45,22 +45,24 @@
  * ENABLEs to the next such call, so the steady state crosses the FFI with
  * nothing but the wait.
  *
- * Lazy re-arms (SN_CAP_LAZY_REARM: epoll). Where every re-arm is a system
- * call of its own, the selector's steady state would pay one epoll_ctl per
- * event. So once a port is in re-arm mode, the kernel item of a
- * LEVEL|ONESHOT registration is made level and PERSISTENT (SN_KMODE_LAZY)
- * and the table keeps the one-shot rule: a delivery marks the record
- * delivered; the re-arm just clears the mark, with no kernel call; an
- * event for a record still marked delivered is not reported, and the item
- * is parked (disarm: one-shot with an empty filter, SN_KMODE_PARKED) so it
- * cannot be reported again and again; the next re-arm of a parked record
- * is a real modify. The hazard of a persistent item is the orphan: a
- * descriptor closed while a dup() or a forked child keeps its file open
- * leaves the item in the kernel, where nothing can delete it by number, and
- * a level item would fire forever. An orphan shows itself as a stale key
- * dequeued twice in a row, or as a park that fails; either way the backend
- * rebuilds its interest set from the table (sn__rebuild), which drops the
- * orphan, and the wait goes on.
+ * One-shot in the kernel, everywhere. On epoll a re-arm is an
+ * EPOLL_CTL_MOD of its own, and keeping the selector's items level and
+ * persistent (the port keeping the one-shot rule) would save it. That was
+ * tried and given up: a persistent item whose descriptor is closed while a
+ * dup() or a forked child keeps the file open (an orphan) can no longer be
+ * reached by number, fires at every wait, and only a rebuild of the whole
+ * interest set gets rid of it -- O(registrations) per orphan, a new
+ * descriptor when the process has none left, a watch per item when the
+ * kernel has none left, and a new file behind the port's OS handle. A
+ * one-shot orphan fires once, is dropped here as stale, and is disarmed
+ * for good: O(1), with nothing to fail. docs/design.md has the figures.
+ *
+ * Removes that name another registration. A REMOVE (or DISABLE) carries
+ * the caller's key as well as the socket; for a caller that asked for
+ * quiet removes (the selector) the key must be the record's. Otherwise a
+ * REMOVE issued for a registration that its owner has since replaced
+ * (closed, number reused, registered again by another thread) would take
+ * the new registration away.
  *
  * Closing. Python objects may call a port from any thread, and close() may
  * come while others are inside. Every entry point counts itself in
@@ -225,7 +227,7 @@ static int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
     record->socket = socket;
     record->user_key = user_key;
     record->state = SN_RECORD_LIVE;
-    record->kmode = SN_KMODE_AS_ASKED;
+    record->in_kernel = 0;
     record->disabled = 0;
     record->quiet = 0;
     record->reborn = 0;
@@ -249,7 +251,6 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
     record->state = SN_RECORD_FREE;
     record->delivered = 0;
     record->in_kernel = 0;
-    record->kmode = SN_KMODE_AS_ASKED;
     record->disabled = 0;
     record->quiet = 0;
     record->reborn = 0;
@@ -298,7 +299,6 @@ static int sn__rebirth(sn_port_t *port, uint32_t slot) {
     record->disabled = 0;
     record->delivered = 0;
     record->in_kernel = 0;
-    record->kmode = SN_KMODE_AS_ASKED;
     return 1;
 }
 
@@ -641,16 +641,6 @@ static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
     return 0;
 }
 
-/* The trigger the kernel gets for a caller's ENABLE: a LEVEL|ONESHOT
-   registration becomes level and persistent once the port is in re-arm
-   mode on a backend with lazy re-arms (see "Lazy re-arms" above). */
-static uint8_t sn__kernel_trigger(const sn_port_t *port, uint8_t trigger) {
-    if ((port->ops->caps & SN_CAP_LAZY_REARM) && port->rearm_mode &&
-        (trigger & SN_TRIGGER_ONESHOT) && !(trigger & SN_TRIGGER_EDGE))
-        return SN_TRIGGER_LEVEL | SN_TRIGGER_PERSISTENT;
-    return trigger;
-}
-
 /* Translate the caller's registrations into kernel ones (lock held).
    Returns how many ENABLEs were refused before reaching the kernel. */
 static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
@@ -709,8 +699,6 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
                        waits in the record for its REMOVE event (or goes
                        at once if the REMOVE fails: the socket was closed,
                        and the kernel holds nothing). */
-                    if ((err = sn__valid_trigger(port->ops, reg->trigger)) != 0)
-                        break;
                     record->state = SN_RECORD_REMOVING;
                     record->quiet = 1;
                     record->reborn = 1;
@@ -732,15 +720,14 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
                     record = NULL;
                 }
             }
-            kreg->trigger = sn__kernel_trigger(port, reg->trigger);
             if (record == NULL || record->state != SN_RECORD_LIVE) {
                 /* May grow (move) the table: `record` is not read after. */
                 if ((err = sn__record_new(port, reg->socket, reg->key, &slot)) != 0)
                     break;
                 p->fresh = 1;
-            } else if (record->in_kernel) {
-                kreg->trigger |= SN_TRIGGER_MODIFY_ONLY;
             }
+            kreg->trigger |= port->records[slot].in_kernel ? SN_TRIGGER_MODIFY_ONLY
+                                                           : SN_TRIGGER_ADD;
             p->was_disabled = port->records[slot].disabled;
             port->records[slot].events = reg->events;
             port->records[slot].trigger = reg->trigger;
@@ -749,11 +736,22 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
-            if (record == NULL || record->state != SN_RECORD_LIVE) {
+            if (reg->op == SN_OP_REMOVE && record != NULL && record->reborn &&
+                record->state == SN_RECORD_REMOVING && record->next_key == reg->key) {
+                /* The ENABLE that waits for the REMOVE event is taken
+                   back: the kernel never heard of it. */
+                record->reborn = 0;
+                p->skip = 1;
+                kreg->op = SN_OP_NONE;
+                continue;
+            }
+            if (record == NULL || record->state != SN_RECORD_LIVE ||
+                ((flags & SN_PROCESS_QUIET_REMOVE) && record->user_key != reg->key)) {
                 err = SN_ERROR_NOT_REGISTERED;
                 break;
             }
             p->was_disabled = record->disabled;
+            record->delivered = 0;   /* nothing for a re-arm to renew */
             if (reg->op == SN_OP_REMOVE) {
                 record->state = SN_RECORD_REMOVING;
                 record->quiet = (flags & SN_PROCESS_QUIET_REMOVE) != 0;
@@ -871,15 +869,10 @@ static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         if (SN_KERNEL_KEY(p->slot, record->generation) != kregs[i].key)
             continue;
         if (kregs[i].result == 0) {
-            if (kregs[i].op == SN_OP_ENABLE) {
+            if (kregs[i].op == SN_OP_ENABLE)
                 record->in_kernel = 1;
-                record->kmode = (kregs[i].trigger & SN_TRIGGER_PERSISTENT) &&
-                                (record->trigger & SN_TRIGGER_ONESHOT)
-                                    ? SN_KMODE_LAZY : SN_KMODE_AS_ASKED;
-            } else if (kregs[i].op == SN_OP_DISABLE) {
+            else if (kregs[i].op == SN_OP_DISABLE)
                 record->in_kernel = 0;
-                record->kmode = SN_KMODE_AS_ASKED;
-            }
             /* A quiet REMOVE retires now: nothing more will be reported
                under this registration's key. Not where the kernel keeps
                the key until the REMOVE event: the record waits for it. */
@@ -933,71 +926,6 @@ static int sn__rearm_push(sn_port_t *port, uint32_t slot) {
     return 1;
 }
 
-/* Silence a lazy record reported again before its re-arm (lock held).
-   Returns 1 if the kernel item could not be reached by its descriptor: it
-   is an orphan, and the interest set must be rebuilt. */
-static int sn__park(sn_port_t *port, uint32_t slot, sn_record_t *record) {
-    record->kmode = SN_KMODE_PARKED;
-    return port->ops->disarm(port, record->socket,
-                             SN_KERNEL_KEY(slot, record->generation)) != 0;
-}
-
-/* Rebuild the kernel's interest set from the table (lock held): every
-   record, as the kernel holds it; an orphaned item, which no record names,
-   goes with the old set. The backend copies an item only if the old set
-   has one under the record's descriptor that still names the registered
-   file: so a record whose descriptor was closed (or reused by another
-   file) stays out, as unreachable as it was, and its owner's next change
-   meets the same error as before; and a record whose ENABLE is on its way
-   to the kernel in another thread (applied, not yet settled) is copied if
-   it landed in the old set, or lands in the new one (the backend
-   serialises changes with the rebuild). */
-static void sn__rebuild(sn_port_t *port) {
-    sn_registration_t *items;
-    uint32_t *slots;
-    uint32_t slot, n = 0, i;
-
-    port->last_stale = 0;
-    items = malloc(((size_t)port->live_count + 1) * sizeof *items);
-    slots = malloc(((size_t)port->live_count + 1) * sizeof *slots);
-    if (items == NULL || slots == NULL)
-        goto out;   /* the next stale key asks again */
-    for (slot = 0; slot < port->records_cap && n < port->live_count; slot++) {
-        sn_record_t *record = &port->records[slot];
-        sn_registration_t *item = &items[n];
-        if (record->state == SN_RECORD_FREE)
-            continue;
-        item->socket = record->socket;
-        item->key = SN_KERNEL_KEY(slot, record->generation);
-        item->op = SN_OP_ENABLE;
-        item->result = 0;
-        item->events = record->events;
-        item->trigger = record->trigger;
-        if (!record->in_kernel || record->kmode == SN_KMODE_LAZY) {
-            /* As a caller's ENABLE puts it there (for a record not yet in
-               the kernel, only an ENABLE in flight can have). */
-            item->trigger = sn__kernel_trigger(port, record->trigger);
-        } else if (record->kmode == SN_KMODE_PARKED ||
-                   ((record->trigger & SN_TRIGGER_ONESHOT) && record->delivered)) {
-            /* Disarmed in the kernel: stays disarmed. */
-            item->events = 0;
-            item->trigger = SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL;
-        }
-        slots[n++] = slot;
-    }
-    SN_COUNT(port, SN_COUNT_REBUILDS);
-    if (port->ops->rebuild(port, items, n) != 0)
-        goto out;
-    for (i = 0; i < n; i++) {
-        sn_record_t *record = &port->records[slots[i]];
-        if (items[i].result != 0 && record->in_kernel)
-            record->kmode = SN_KMODE_PARKED;   /* its re-arm must ask the kernel */
-    }
-out:
-    free(items);
-    free(slots);
-}
-
 /* Where translated notifications go: process() wants sn_notification_t,
    select() wants (key, selector mask) pairs and I/O keys. */
 typedef struct sn_sink {
@@ -1032,7 +960,6 @@ static uint64_t sn__select_mask(uint16_t filter, uint32_t events) {
 static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
                             uint32_t count, sn_sink_t *sink) {
     uint32_t i, before = sink->n + sink->io + (uint32_t)sink->woken;
-    int orphan = 0;
     for (i = 0; i < count; i++) {
         const sn_kevent_t *ev = &events[i];
         uint32_t slot, wanted;
@@ -1057,14 +984,10 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         record = &port->records[slot];
         if (record->state == SN_RECORD_FREE ||
             record->generation != SN_KEY_GENERATION(ev->key)) {
-            /* Stale: queued for a registration since retired. Once is a
-               packet that was on its way; the same key again is a kernel
-               item that outlived its descriptor (lazy re-arms only: a
-               one-shot item fires once and is done). */
-            if (port->ops->caps & SN_CAP_LAZY_REARM) {
-                orphan |= ev->key == port->last_stale;
-                port->last_stale = ev->key;
-            }
+            /* Stale: queued for a registration since retired, or the
+               one report of a one-shot item whose descriptor was closed
+               while its file lived on elsewhere (and which is now
+               disarmed for good). */
             continue;
         }
         if (ev->events & SN_EVENT_REMOVE) {
@@ -1090,15 +1013,6 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
            whatever we make of it: note it for the next re-arm even if
            nothing in it is reported (the kernel may deliver a condition
            outside the filter, such as an error). */
-        if (record->kmode != SN_KMODE_AS_ASKED) {
-            /* The table keeps the one-shot rule (lazy re-arms): nothing
-               more until the re-arm; a lazy item is parked meanwhile. */
-            if (record->delivered) {
-                if (record->kmode == SN_KMODE_LAZY)
-                    orphan |= sn__park(port, slot, record);
-                continue;
-            }
-        }
         if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
             !record->delivered && sn__rearm_push(port, slot))
             record->delivered = 1;
@@ -1118,8 +1032,6 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
             sink->n++;
         }
     }
-    if (orphan)
-        sn__rebuild(port);
     return sink->n + sink->io + (uint32_t)sink->woken - before;
 }
 
@@ -1136,8 +1048,6 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
         if (record->state != SN_RECORD_LIVE || !record->delivered)
             continue;   /* removed or re-enabled by its owner meanwhile */
         record->delivered = 0;
-        if (record->kmode == SN_KMODE_LAZY && record->in_kernel)
-            continue;   /* the kernel item never stopped watching */
         kregs[n].socket = record->socket;
         kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
         kregs[n].events = record->events;
@@ -1145,9 +1055,9 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
         /* A re-arm renews what the kernel has: if the descriptor was
            closed meanwhile, it must fail, not arm whatever file took the
            number (the failure retires the record silently). */
-        kregs[n].trigger = (uint8_t)(sn__kernel_trigger(port, record->trigger) |
-                                     SN_TRIGGER_REARM |
-                                     (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : 0));
+        kregs[n].trigger = (uint8_t)(record->trigger | SN_TRIGGER_REARM |
+                                     (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY
+                                                        : SN_TRIGGER_ADD));
         kregs[n].result = 0;
         pending[n].slot = slot;
         pending[n].skip = 0;
@@ -1174,7 +1084,8 @@ static uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs,
         kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
         kregs[n].events = record->events;
         kregs[n].op = SN_OP_ENABLE;
-        kregs[n].trigger = sn__kernel_trigger(port, record->trigger);
+        /* A fresh registration under the new key. */
+        kregs[n].trigger = (uint8_t)(record->trigger | SN_TRIGGER_ADD);
         kregs[n].result = 0;
         pending[n].slot = slot;
         pending[n].skip = 0;
@@ -1264,7 +1175,23 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         internal = sn__prepare_rearms(port, kregs + count, pending + count);
     internal += sn__prepare_deferred(port, kregs + count + internal, pending + count + internal);
     total = count + internal;
+    if (total != 0 && (port->ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
+        /* Applied (a system call each, never blocking) and settled under
+           the table lock, so that no other thread's change comes between
+           the translation and the kernel: a re-arm translated here and
+           applied after another thread removed the registration, closed
+           its descriptor and registered the reused number would re-key
+           the new registration to a dead key. */
+        uint32_t got = 0, dropped = 0, i;
+        int call_error = port->ops->process(port, kregs, total, 0, events, 0, &got, &dropped);
+        sn__settle(port, flags, regs, kregs, pending, count, total, call_error);
+        for (i = 0; i < count; i++)
+            refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+        total = 0;
+    }
     sn_mutex_unlock(&port->lock);
+    if (max_events == 0 && total == 0)
+        goto out;        /* registrations only, applied */
     /* A change refused here is news for the caller: do not sit on it. */
     if (refused != 0)
         timeout_ms = 0;

@@ -73,12 +73,6 @@
    selectors do (at register/modify). Without it (the completion-port
    backends) changes ride in the call that waits. */
 #define SN_CAP_CHANGES_AT_ONCE  1
-/* One-shot re-arms made by the port (SN_PROCESS_REARM) cost no system
-   call: the kernel item of a LEVEL|ONESHOT registration stays level and
-   persistent while the port keeps the one-shot rule itself (epoll, where
-   each re-arm would otherwise be an epoll_ctl of its own). */
-#define SN_CAP_LAZY_REARM       2
-
 /* sn_port_process() flags. */
 /* After the caller's registrations, re-enable (same filter and trigger)
    every one-shot registration that an earlier call delivered and that
@@ -111,10 +105,9 @@
 #define SN_COUNT_AFD_CANCELS  5  /* NtCancelIoFileEx (afd) */
 #define SN_COUNT_AFD_DEQUEUES 6  /* GetQueuedCompletionStatusEx (afd) */
 #define SN_COUNT_AFD_POSTS    7  /* PostQueuedCompletionStatus inside the polyfill (afd) */
-#define SN_COUNT_REBUILDS     8  /* interest sets rebuilt to drop an orphaned item (epoll) */
-#define SN_COUNT_FALLBACKS    9  /* registrations the OS function refused and the polyfill
+#define SN_COUNT_FALLBACKS    8  /* registrations the OS function refused and the polyfill
                                     took over on the same port (psn, strict) */
-#define SN_COUNTERS           10
+#define SN_COUNTERS           9
 
 /* Error code for a backend that was asked for but is not available here
    (ENOSYS on POSIX, ERROR_NOT_SUPPORTED on Windows, see sn_internal.h). */

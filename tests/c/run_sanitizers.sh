@@ -42,5 +42,6 @@ cd "$build"
 PYTHONPATH="$build" LD_PRELOAD="$libasan:$libubsan" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     python -m pytest -q -p no:cacheprovider --rootdir "$build" "$root/tests/test_port.py" \
-    "$root/tests/test_selector.py" "$root/tests/test_faults.py" ${SANITIZE_EXTRA_TESTS:-}
+    "$root/tests/test_selector.py" "$root/tests/test_faults.py" "$root/tests/test_reliability.py" \
+    "$root/tests/test_epoll_oneshot.py" ${SANITIZE_EXTRA_TESTS:-}
 echo "sanitizers: clean"
