@@ -529,7 +529,10 @@ class NotifySelector(selectors.BaseSelector):
             fd, slot, events, op, trigger, result = unpack_from(buffer, offset)
             if result == error:
                 again.append(_new_change(Change, (fd, slot, events, op, trigger)))
-        self._pending[:0] = again
+        with self._lock:
+            # Before what other threads queued meanwhile: the order of
+            # one descriptor's changes is kept.
+            self._pending[:0] = again
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
         """Apply the recorded changes and re-arms, wait, return ready keys.
