@@ -1198,6 +1198,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
 
     for (;;) {
         uint32_t got = 0, dropped = 0, reported;
+        int deferred = 0;
         err = port->ops->process(port, kregs, total, timeout_ms,
                                  events, max_events, &got, &dropped);
         reported = 0;
@@ -1212,6 +1213,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                 callers = 0;
             }
             reported += sn__deliver(port, events, got, sink);
+            deferred = port->deferred_count != 0;
             sn_mutex_unlock(&port->lock);
         }
         if (err != 0 || reported != 0)
@@ -1219,7 +1221,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         if (timeout_ms == 0) {
             /* A poll still applies the ENABLEs that waited for a REMOVE
                event it dequeued: one more call, that does not wait. */
-            if (port->deferred_count == 0 || rounds++ != 0)
+            if (!deferred || rounds++ != 0)
                 break;
         } else if (got == 0 && dropped == 0) {
             break;       /* timed out, or interrupted */
