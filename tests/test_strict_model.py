@@ -367,5 +367,10 @@ def test_loop_listener_outlives_its_loop():
                 assert control(port, lib.SN_MODEL_TIED, listener) == lib.SN_MODEL_UNTIED
                 loop.run_until_complete(one_round())
                 assert port.counters()["fallbacks"] == 0
+                # Still registered when the loop closes (a reader nobody
+                # removed, as a server left open at exit would leave it).
+                loop.add_reader(listener, lambda: None)
+                loop.run_until_complete(asyncio.sleep(0.05))
+                assert control(port, lib.SN_MODEL_TIED, listener) == lib.SN_MODEL_TIED_HERE
             finally:
                 loop.close()
