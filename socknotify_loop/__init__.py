@@ -13,13 +13,10 @@ loop through a policy (Python 3.9-3.13 users); they are served lazily and
 warn on Python 3.14+, where asyncio deprecates policies.
 
 Layers: :class:`Port` (the C core) -> :class:`NotifySelector` ->
-:class:`Loop`. Importing the package loads only the port; the selector and
-the loop (and asyncio) are imported on first use.
-
-``Loop`` is the platform's loop class, picked in one place
-(:func:`_loop_class`): on Windows ``socknotify_loop._windows_io.WindowsLoop``
-(pipes, subprocesses and wake-ups as overlapped I/O on the same port),
-elsewhere the portable ``socknotify_loop.loop.Loop`` it subclasses.
+:class:`Loop` -> this package (``_factory`` picks the platform's loop
+class: ``WindowsLoop`` on Windows, the portable ``Loop`` elsewhere).
+Importing the package loads only the port; the selector and the loop (and
+asyncio) are imported on first use.
 """
 from __future__ import annotations
 
@@ -28,6 +25,8 @@ import warnings
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._factory import loop_class as _loop_class
+from ._factory import new_event_loop
 from ._version import __version__
 from .port import (
     EVENT_ERR,
@@ -74,23 +73,6 @@ _POLICIES_DEPRECATED = sys.version_info >= (3, 14)
 # is served by _loop_class()).
 _LAZY = {"NotifySelector": (".selector", "NotifySelector")}
 _DEPRECATED = ("EventLoopPolicy", "install")
-
-
-def _loop_class() -> type[Loop]:
-    """The class ``socknotify_loop.Loop`` names on this platform: the one
-    place that chooses it (``new_event_loop``, the policy and the launcher
-    all come here)."""
-    if sys.platform == "win32":
-        from ._windows_io import WindowsLoop
-        return WindowsLoop
-    from .loop import Loop
-    return Loop
-
-
-def new_event_loop() -> Loop:
-    """A new :class:`Loop`: the loop factory for ``asyncio.Runner``,
-    ``asyncio.run(loop_factory=...)``, uvicorn's ``--loop`` and anyio."""
-    return _loop_class()()
 
 
 def run(main: Coroutine[Any, Any, _T], *, debug: bool | None = None, **run_kwargs: Any) -> _T:
@@ -174,8 +156,10 @@ def _deprecated_policy_api(name: str) -> Any:
             "policies since Python 3.14. Use socknotify_loop.run(main()) or "
             "asyncio.run(main(), loop_factory=socknotify_loop.new_event_loop).",
             DeprecationWarning, stacklevel=3)
-    from . import loop
-    return getattr(loop, name)
+    from . import _factory
+    if name == "EventLoopPolicy":
+        return _factory.event_loop_policy_class()
+    return _factory.install
 
 
 def __getattr__(name: str) -> Any:

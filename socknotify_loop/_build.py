@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import sys
+import sysconfig
 
 from cffi import FFI
 
@@ -44,10 +46,43 @@ def windows_libraries() -> list[str]:
     return ["ws2_32", "ntdll"]
 
 
+def windows_compile_args() -> list[str]:
+    """Compiler flags for a native Windows build (MSVC, as setuptools and
+    cibuildwheel use it). ``/std:c11``: MSVC's C mode knows ``_Static_assert``
+    (the core's layout checks) only as C11; sn_win.h stops the build with a
+    clear #error without it. A MinGW-built Python (sysconfig platform
+    ``mingw*``) compiles with gcc, which speaks C11 already."""
+    if sysconfig.get_platform().startswith("mingw"):
+        return ["-std=c11", "-Wall", "-Wextra"]
+    return ["/std:c11", "/W3"]
+
+
+def check_windows_target() -> None:
+    """Refuse a 32-bit Windows build with a clear message, before the C
+    compiler's #error (sn_win.h) says the same thing less politely: the
+    core's completion keys are 64-bit values, which a 32-bit PVOID and
+    ULONG_PTR cannot carry."""
+    if struct.calcsize("P") != 8:
+        raise RuntimeError(
+            "socknotify_loop supports 64-bit Windows only (x64 and ARM64): its "
+            "completion keys are 64-bit and do not fit a 32-bit PVOID/ULONG_PTR. "
+            "Use a 64-bit Python.")
+
+
 def make_builder(target_windows: bool | None = None) -> FFI:
     """Build the FFI object; target_windows overrides the host OS (cross builds)."""
+    native_windows = sys.platform == "win32"
     if target_windows is None:
-        target_windows = sys.platform == "win32"
+        target_windows = native_windows
+    if native_windows:
+        check_windows_target()
+    if not target_windows:
+        compile_args = ["-std=c99", "-Wall", "-Wextra"]
+    elif native_windows:
+        compile_args = windows_compile_args()
+    else:
+        # The mingw-w64 cross-build (tools/wine/) passes its own flags.
+        compile_args = []
     builder = FFI()
     builder.cdef(read_cdef())
     builder.set_source(
@@ -56,7 +91,7 @@ def make_builder(target_windows: bool | None = None) -> FFI:
         sources=[os.path.relpath(os.path.join(CORE, name)) for name in SOURCES],
         include_dirs=[os.path.relpath(CORE)],
         libraries=windows_libraries() if target_windows else [],
-        extra_compile_args=[] if target_windows else ["-std=c99", "-Wall", "-Wextra"],
+        extra_compile_args=compile_args,
     )
     return builder
 

@@ -121,10 +121,10 @@ def _new_loop() -> Loop:
     """A new ``socknotify_loop.Loop``. Its selector is made first, so a backend that fails to
     open raises before a half-built loop exists (whose ``__del__`` would
     print noise about its missing state)."""
-    from . import _loop_class
+    from ._factory import loop_class
     from .selector import NotifySelector
 
-    return _loop_class()(NotifySelector())
+    return loop_class()(NotifySelector())
 
 
 class _StandIn:
@@ -234,13 +234,14 @@ def use_socknotify_loop() -> None:
     import asyncio
     import asyncio.events
 
-    from .loop import EventLoopPolicy
+    from ._factory import event_loop_policy_class, loop_class
 
     # Loop subclasses asyncio.SelectorEventLoop: loop.py must be imported
-    # (done just above) before the name becomes a stand-in.
+    # before the name becomes a stand-in.
+    loop_class()
     _install_stand_ins()
     if sys.version_info < (3, 14):
-        asyncio.set_event_loop_policy(EventLoopPolicy())
+        asyncio.set_event_loop_policy(event_loop_policy_class()())
         return
 
     def patched_new_event_loop() -> asyncio.AbstractEventLoop:

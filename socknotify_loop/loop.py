@@ -40,12 +40,10 @@ import heapq
 import inspect
 import sys
 import time as _time
-import warnings
 from asyncio import base_events, events, format_helpers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .port import lib as _lib  # type: ignore[attr-defined]  # not in port.__all__
 from .selector import NotifySelector
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
@@ -53,7 +51,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
 
     _Ts = TypeVarTuple("_Ts")
 
-_select = _lib.sn_port_select
 _PAIRS = 0xFFFFFFFF
 _Handle = events.Handle
 _new_object = object.__new__
@@ -143,6 +140,8 @@ class Loop(asyncio.SelectorEventLoop):
         elif not isinstance(selector, NotifySelector):
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
         super().__init__(selector)
+        # The selector's fast-path object, the same for its whole life.
+        self._fast_path = self._selector.fast_path
 
     @property
     def backend(self) -> str:
@@ -221,32 +220,33 @@ class Loop(asyncio.SelectorEventLoop):
             else:
                 wait_ms = -1
 
-            selector = self._selector
-            # The selector's select(), inline: its lock is held from taking
-            # the queued changes to reading the answer (see selector.py).
-            if not selector._selecting.acquire(False):
-                raise RuntimeError("select() is already running in another thread")
+            # The selector's select(), inline, through the one object the
+            # selector offers for it (selector.FastPath): its token is held
+            # from taking the queued changes to reading the answer.
+            fast = self._fast_path
             try:
-                got = _select(selector._handle,
-                              selector._prepare() if selector._pending or selector._released
-                              else 0,
-                              wait_ms)
+                token = fast.token.pop()
+            except IndexError:
+                raise RuntimeError("select() is already running in another thread") from None
+            try:
+                got = fast.select(fast.prepare() if fast.pending or fast.released else 0,
+                                  wait_ms)
                 if got == 1:
-                    out = selector._out
-                    key = selector._keys[out[0]]
+                    out = fast.out
+                    key = fast.keys[out[0]]
                     mask = out[1]
                 elif got > 0:
                     if got > _PAIRS:
-                        got = selector._io_completed(got)
-                    values = iter(selector._out[:got << 1].tolist())
+                        got = fast.io_completed(got)
+                    values = iter(fast.out[:got << 1].tolist())
             finally:
-                selector._selecting.release()
+                fast.token.append(token)
             if got == 1:
                 # Most iterations get exactly one event: read it in place.
-                # This is the loop below, written out for one pair: the
-                # tuple, the iterator and the loop cost 1,200 instructions
-                # an iteration (callgrind); writing the dispatch once for
-                # both paths cost 700 a round trip.
+                # This is the loop below, written out for one pair, which
+                # saves its tuple, iterator and loop; writing the dispatch
+                # once for both paths cost more than the copy (the figures
+                # are in docs/design.md).
                 # A mask is 1 (read), 2 (write) or 3 (both), never 0: the
                 # tests below use !=, which Python specialises for small
                 # ints, where & is a generic call.
@@ -263,7 +263,7 @@ class Loop(asyncio.SelectorEventLoop):
                         else:
                             ready.append(writer)
             elif got > 0:
-                keys = selector._keys
+                keys = fast.keys
                 for slot, mask in zip(values, values):
                     key = keys[slot]
                     if key is None:
@@ -280,7 +280,7 @@ class Loop(asyncio.SelectorEventLoop):
                         else:
                             ready.append(writer)
             elif got < 0:
-                selector._raise_for(got)
+                fast.raise_for(got)
 
             # Timers that are due.
             if scheduled:
@@ -305,9 +305,9 @@ class Loop(asyncio.SelectorEventLoop):
                     continue
                 if type(handle) in _PLAIN_HANDLES:
                     # No *args unpacking for the common shapes: it builds a
-                    # tuple per call (2,000 instructions a streams round
-                    # trip). Readiness callbacks and task steps take no
-                    # argument, futures' done callbacks one.
+                    # tuple per call (docs/design.md has what it cost).
+                    # Readiness callbacks and task steps take no argument,
+                    # futures' done callbacks one.
                     try:
                         args = handle._args
                         if not args:
@@ -323,38 +323,3 @@ class Loop(asyncio.SelectorEventLoop):
                 else:
                     handle._run()
             handle = None  # break cycles when an exception occurs
-
-
-# -- the policy API, for programs that pick their loop through a policy --------
-# (Python 3.9-3.13). socknotify_loop.__getattr__ serves these two names and
-# warns on 3.14+, where asyncio deprecates policies.
-
-def _default_policy_class() -> type:
-    """asyncio's default policy class for this platform (child watchers on
-    Unix), fetched without the DeprecationWarning Python 3.14 attaches to it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return asyncio.DefaultEventLoopPolicy
-
-
-class EventLoopPolicy(_default_policy_class()):  # type: ignore[misc]
-    """asyncio's default event loop policy, making ``socknotify_loop.Loop``
-    loops (the platform's class).
-
-    ``asyncio.set_event_loop_policy(EventLoopPolicy())`` makes
-    ``asyncio.run``, ``asyncio.new_event_loop`` and ``get_event_loop`` use
-    socknotify_loop on Python 3.9-3.13.
-    """
-
-    def new_event_loop(self) -> Loop:
-        """A new ``socknotify_loop.Loop``."""
-        from . import new_event_loop
-        return new_event_loop()
-
-
-def install() -> None:
-    """Make :class:`EventLoopPolicy` asyncio's event loop policy."""
-    with warnings.catch_warnings():
-        # Ours has been emitted already where it applies (3.14+).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        asyncio.set_event_loop_policy(EventLoopPolicy())

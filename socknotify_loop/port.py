@@ -17,12 +17,24 @@ core's error codes into the exceptions ``socket`` and ``selectors`` raise.
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import struct
 import sys
 import threading
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from ._backends import backend_from_environment, parse_backend_name
 from ._core_import import ffi, lib
@@ -436,13 +448,103 @@ class Port:
                 raise error
         return notifications
 
-    def _probe(self, fd: int) -> int:
+    # -- what a selector built on the port uses ----------------------------------
+    # NotifySelector reaches the C core through these methods and nothing
+    # else: this module is the only one that touches the cffi handle. The
+    # selector lends the port no memory: the port owns the buffers it binds.
+
+    def probe(self, fd: int) -> int:
         """0 if ``fd`` passes the backend's cheap registration check (see
         ``sn_port_check``), else the error code a registration would get."""
         err: int = lib.sn_port_check(self._handle, fd)
         if err == _ERROR_CLOSED and self.closed:
             raise self._closed_error()
         return err
+
+    def change_function(self) -> Callable[[int, int, int, int, int], int]:
+        """``f(fd, key, events, op, trigger) -> code``: one change applied
+        at once (removes quiet, as a selector wants them), returning 0 or
+        the error code :meth:`change_error` turns into an exception."""
+        return functools.partial(lib.sn_port_change, self._handle)
+
+    def select_function(self) -> Callable[[int, float], int]:
+        """``f(changes, wait_ms) -> answer``: apply the first ``changes``
+        changes of the bound change buffer and the port's one-shot re-arms,
+        wait up to ``wait_ms`` milliseconds (a float, rounded up; negative
+        waits forever) and write ``(key, selector mask)`` pairs at the front
+        of the bound output, the keys of I/O completions after them. The
+        answer is the number of pairs, plus the number of I/O keys times
+        2**32; or minus an error code (:meth:`select_error`). One thread
+        at a time: another gets the busy error."""
+        return functools.partial(lib.sn_port_select, self._handle)
+
+    def bind_select_buffers(self, pairs: int, changes: int) -> Optional[Tuple[Any, int]]:
+        """Bind to the port, for :meth:`select_function`, an output buffer
+        of ``pairs`` pairs and a change buffer of ``changes`` entries.
+        Returns the output as a memoryview of unsigned 64-bit words, and
+        how many changes fit; None if a select is running in another thread
+        (the old buffers stay bound). The port keeps the buffers alive."""
+        words = 2 * pairs
+        out = ffi.new("uint64_t[]", words)
+        bound_changes = ffi.new("sn_registration_t[]", changes)
+        err = lib.sn_port_bind(self._handle, bound_changes, changes, out, words)
+        if err == _ERROR_BUSY:
+            return None
+        self._check(err, "binding the select buffers failed")
+        # The core writes into these from now on; the old ones are free.
+        self._select_buffers = (out, bound_changes)
+        self._bound_changes = ffi.buffer(bound_changes)
+        return memoryview(ffi.buffer(out)).cast("Q"), changes
+
+    def pack_bound_changes(self, changes: Sequence[Change]) -> None:
+        """Write ``changes`` at the front of the bound change buffer (the
+        caller made it large enough with :meth:`bind_select_buffers`)."""
+        buffer = self._bound_changes
+        pack_into = _REGISTRATION.pack_into
+        size = _REGISTRATION.size
+        for offset, change in zip(range(0, len(changes) * size, size), changes):
+            pack_into(buffer, offset, *change, 0)
+
+    def bound_change_results(self, count: int) -> List[Tuple[Change, int]]:
+        """The first ``count`` changes of the bound buffer with the result
+        the last select wrote for each."""
+        buffer = self._bound_changes
+        unpack_from = _REGISTRATION.unpack_from
+        size = _REGISTRATION.size
+        results = []
+        for offset in range(0, count * size, size):
+            fd, key, events, op, trigger, result = unpack_from(buffer, offset)
+            results.append((Change(fd, key, events, op, trigger), result))
+        return results
+
+    def unapplied_select_changes(self, code: int) -> List[Change]:
+        """After a select that answered ``-code``: the changes it carried
+        that the port did not apply because the call failed as a whole
+        (their result is ``code``); none for a select that carried no
+        changes, or failed before taking them."""
+        count = lib.sn_port_select_changes(self._handle)
+        return [change for change, result in self.bound_change_results(count)
+                if result == code]
+
+    def change_error(self, code: int) -> Exception:
+        """The exception for a change refused with ``code``: ValueError on
+        a closed port, else the OSError CPython raises for the code."""
+        if code == _ERROR_CLOSED and self.closed:
+            return ValueError("I/O operation on a closed selector")
+        return _os_error(code)
+
+    def select_error(self, code: int) -> Optional[Exception]:
+        """The exception for a select that answered ``-code``: None for a
+        wait a signal cut short (its Python handler runs next, and the
+        caller waits again), ValueError on a closed port, RuntimeError when
+        another thread is selecting, else the OSError for the code."""
+        if code == _ERROR_INTERRUPTED:
+            return None
+        if code == _ERROR_CLOSED:
+            return ValueError("I/O operation on a closed selector")
+        if code == _ERROR_BUSY:
+            return RuntimeError("select() is already running in another thread")
+        return _os_error(code, "select failed")
 
     @staticmethod
     def _new_buffer(capacity: int) -> Tuple[bytearray, Any, Any]:

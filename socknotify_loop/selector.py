@@ -43,8 +43,8 @@ events, like ``EPOLLERR``, so its owner's callback meets the error in
 
 Threads: as with ``selectors.EpollSelector``, ``register``, ``modify`` and
 ``unregister`` may be called from any thread while one thread is inside
-``select``. The bookkeeping they share is guarded by one lock; a select
-holds a second one from the moment it takes the queued changes to the
+``select``. The bookkeeping they share is guarded by a lock; a select
+holds the select token from the moment it takes the queued changes to the
 moment it has read its answer, so a select refused because another thread
 is selecting has touched nothing. A slot freed by ``unregister`` is reused
 only from the next select on: an answer already in flight may still name
@@ -64,14 +64,7 @@ from collections.abc import Callable, Iterator, Mapping
 from time import monotonic as _monotonic
 from typing import Any, NamedTuple
 
-# The ignore is for ffi and lib, the compiled core's objects: port.py
-# imports them without listing them in its __all__, and mypy --strict
-# wants an explicit re-export.
-from .port import (  # type: ignore[attr-defined]
-    _ERROR_BUSY,
-    _ERROR_CLOSED,
-    _ERROR_INTERRUPTED,
-    _REGISTRATION,
+from .port import (
     EVENT_HANGUP,
     EVENT_IN,
     EVENT_OUT,
@@ -82,21 +75,17 @@ from .port import (  # type: ignore[attr-defined]
     TRIGGER_ONESHOT,
     Change,
     Port,
-    _os_error,
-    ffi,
-    lib,
     timeout_ms,
 )
 from .port import _fileno as _fileobj_to_fd  # validated as selectors do
 
-__all__ = ["WAKEUP_KEY", "IOCompletionHandler", "NotifySelector"]
+__all__ = ["WAKEUP_KEY", "FastPath", "IOCompletionHandler", "NotifySelector"]
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
 SelectorKey = selectors.SelectorKey
 
 _ONESHOT_LEVEL = TRIGGER_ONESHOT | TRIGGER_LEVEL
-_change_now = lib.sn_port_change
 
 #: A key for ``selector.port.post(WAKEUP_KEY)``: it makes a waiting
 #: select() return (with ``[]`` if nothing else is ready). Any posted key
@@ -129,6 +118,42 @@ _MAX_EPOLL_FD = 0x7FFFFFFF
 # sn_port_select()'s answer: pairs in the low 32 bits, I/O keys above.
 _PAIRS = 0xFFFFFFFF
 _WORDS_PER_PAIR = 2     # (slot, selector mask), each a uint64
+
+
+class FastPath:
+    """What a loop's iteration reads of a :class:`NotifySelector`, in one
+    object it fetches once per iteration (``selector.fast_path``): the
+    loop then makes the select call itself and reads the answer in place,
+    without the list and tuples :meth:`NotifySelector.select` builds. The
+    protocol is the one ``select()`` follows::
+
+        token = fast.token.pop()          # IndexError: another thread selects
+        try:
+            got = fast.select(fast.prepare() if fast.pending or fast.released
+                              else 0, wait_ms)
+            # got > 0xFFFFFFFF: got = fast.io_completed(got)
+            # pairs (slot, mask): fast.out[2*i], fast.out[2*i + 1];
+            # the key is fast.keys[slot] (None: unregistered meanwhile)
+        finally:
+            fast.token.append(token)
+        # got < 0: fast.raise_for(got)
+
+    The attributes always name the selector's current objects (the lists
+    are never replaced, ``out`` is updated when the buffers are bound
+    anew)."""
+
+    __slots__ = ("select", "token", "pending", "released", "prepare", "out", "keys",
+                 "io_completed", "raise_for")
+
+    select: Callable[[int, float], int]
+    token: list[bool]
+    pending: list[Change]
+    released: list[int]
+    prepare: Callable[[], int]
+    out: Any
+    keys: list[SelectorKey | None]
+    io_completed: Callable[[int], int]
+    raise_for: Callable[[int], None]
 
 
 class _Record(NamedTuple):
@@ -188,9 +213,9 @@ class NotifySelector(selectors.BaseSelector):
     """
 
     def __init__(self, backend: str | None = None) -> None:
-        self._port = Port(backend)
-        self._handle = self._port._handle
-        self._at_once = self._port.changes_at_once
+        self._port = port = Port(backend)
+        self._at_once = port.changes_at_once
+        self._change_now = port.change_function()
         # fd -> _Record: the one record per registration.
         self._records: dict[int, _Record] = {}
         # slot -> SelectorKey (None when free): the hot path's index from
@@ -205,9 +230,13 @@ class NotifySelector(selectors.BaseSelector):
         self._unsent: set[int] = set()   # slots whose first ENABLE is still queued
         # Guards the bookkeeping above against other threads' changes.
         self._lock = threading.Lock()
-        # Held by the thread inside select(), from taking the queued
-        # changes to reading the answer out of the bound buffer.
-        self._selecting = threading.Lock()
+        # The select token: popped by the thread entering select(), from
+        # taking the queued changes to reading the answer out of the bound
+        # buffer, and put back after. A one-item list rather than a Lock:
+        # list.pop() and append() are as atomic as acquire(False) and
+        # release(), and cost a fraction of them on the loop's hot path
+        # (a Lock's acquire parses its arguments at every call).
+        self._select_token: list[bool] = [True]
         self._map: _SelectorMapping | None = _SelectorMapping(self)
         #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
         #: completions each wait dequeues (Windows handles associated with
@@ -218,37 +247,33 @@ class NotifySelector(selectors.BaseSelector):
         self.io_completion_handler: IOCompletionHandler | None = None
         self._room = 0
         self._changes_room = 0
+        #: The selector as a loop's iteration reads it (see :class:`FastPath`):
+        #: the same object for the selector's whole life.
+        fast = self.fast_path = self._fast = FastPath()
+        fast.select = port.select_function()
+        fast.token = self._select_token
+        fast.pending = self._pending
+        fast.released = self._released
+        fast.prepare = self._prepare
+        fast.keys = self._keys
+        fast.io_completed = self._io_completed
+        fast.raise_for = self._raise_for
         self._bind(256, 64)
 
     # -- buffers -----------------------------------------------------------------
 
     def _bind(self, room: int, changes_room: int) -> bool:
-        """Lend the port buffers for ``room`` ready registrations per select
-        and ``changes_room`` changes (the caller holds ``_selecting``, or
-        is ``__init__``). False if a select is running in another thread
-        (the old buffers stay bound, and stay alive)."""
-        words = _WORDS_PER_PAIR * (room + changes_room)
-        out = ffi.new("uint64_t[]", words)
-        changes = ffi.new("sn_registration_t[]", changes_room)
-        err = lib.sn_port_bind(self._handle, changes, changes_room, out, words)
-        if err == _ERROR_BUSY:
+        """Have the port bind buffers for ``room`` ready registrations per
+        select and ``changes_room`` changes (the caller holds the select
+        token, or is ``__init__``). False if a select is running in
+        another thread (the old buffers stay bound)."""
+        bound = self._port.bind_select_buffers(room + changes_room, changes_room)
+        if bound is None:
             return False
-        self._check(err)
-        # The port writes only into bound buffers: after the bind the old
-        # ones are ours to drop.
-        self._out_cdata, self._changes_cdata = out, changes
-        self._out = memoryview(ffi.buffer(out)).cast("Q")
-        self._changes_buffer = ffi.buffer(changes)
-        self._room, self._changes_room = room, changes_room
+        self._out, self._changes_room = bound
+        self._fast.out = self._out
+        self._room = room
         return True
-
-    def _check(self, err: int) -> None:
-        if err == _ERROR_CLOSED:
-            raise ValueError("I/O operation on a closed selector")
-        if err == _ERROR_BUSY:
-            raise RuntimeError("select() is already running in another thread")
-        if err:
-            raise _os_error(err, "select failed")
 
     # -- introspection ---------------------------------------------------------
 
@@ -298,12 +323,11 @@ class NotifySelector(selectors.BaseSelector):
         means the descriptor was closed first, which the stdlib selectors
         ignore too."""
         if self._at_once:
-            code = _change_now(self._handle, fd, slot, events, op, trigger)
+            code = self._change_now(fd, slot, events, op, trigger)
             if code:
-                if code == _ERROR_CLOSED and self._port.closed:
-                    raise ValueError("I/O operation on a closed selector")
-                if op == OP_ENABLE:
-                    raise _os_error(code)
+                error = self._port.change_error(code)
+                if op != OP_REMOVE or isinstance(error, ValueError):
+                    raise error
         else:
             self._pending.append(_new_change(Change, (fd, slot, events, op, trigger)))
 
@@ -343,9 +367,9 @@ class NotifySelector(selectors.BaseSelector):
                 if fd > _MAX_EPOLL_FD:
                     raise OverflowError(f"file descriptor {fd} does not fit a C int")
             else:
-                code = self._port._probe(fd)
+                code = self._port.probe(fd)
                 if code:
-                    raise _os_error(code)
+                    raise self._port.change_error(code)
             keys = self._keys
             free = self._free
             slot = free[-1] if free else len(keys)
@@ -374,13 +398,17 @@ class NotifySelector(selectors.BaseSelector):
             records[fd] = _new_record(_Record, (key, slot))
             if not known_to_port:
                 self._unsent.add(slot)
-        if len(records) > self._room and self._selecting.acquire(False):
+        if len(records) > self._room and self._select_token:
             # Room for every registration to be ready at once; when a
             # select is running, the next register tries again.
             try:
+                token = self._select_token.pop()
+            except IndexError:
+                return key
+            try:
                 self._bind(self._room * 2, self._changes_room)
             finally:
-                self._selecting.release()
+                self._select_token.append(token)
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
@@ -445,10 +473,10 @@ class NotifySelector(selectors.BaseSelector):
 
     def _drop_pending(self, slot: int) -> None:
         """Forget the queued changes of ``slot`` (``_lock`` held)."""
-        self._pending = [c for c in self._pending if c.key != slot]
+        self._pending[:] = [c for c in self._pending if c.key != slot]
 
     def _prepare(self) -> int:
-        """Start a select (``_selecting`` held): free the slots released
+        """Start a select (the select token held): free the slots released
         since the last one and move the queued changes into the bound
         buffer; returns how many changes there are."""
         with self._lock:
@@ -463,13 +491,9 @@ class NotifySelector(selectors.BaseSelector):
                 room = self._changes_room
                 while room < count:
                     room *= 2
-                # Cannot be refused: this thread holds _selecting.
+                # Cannot be refused: this thread holds the select token.
                 self._bind(self._room, room)
-            buffer = self._changes_buffer
-            pack_into = _REGISTRATION.pack_into
-            size = _REGISTRATION.size
-            for offset, change in zip(range(0, count * size, size), pending):
-                pack_into(buffer, offset, *change, 0)
+            self._port.pack_bound_changes(pending)
             pending.clear()
             self._unsent.clear()
             return count
@@ -493,46 +517,38 @@ class NotifySelector(selectors.BaseSelector):
         return pairs
 
     def _raise_for(self, got: int) -> None:
-        """The exception for a negative sn_port_select() answer; nothing for
-        an interrupted wait (the signal handler runs when Python resumes)."""
-        if -got != _ERROR_INTERRUPTED:
-            self._check(-got)
+        """Raise the exception for a negative select answer; nothing for
+        an interrupted wait (the signal handler runs when Python resumes).
 
-    def _wait(self, wait_ms: int) -> int:
+        A select that failed as a whole applied none of the changes it
+        carried ("the entire operation failed, and no changes occurred"):
+        they go back to the front of the queue for the next select, before
+        what other threads queued meanwhile, so nothing is lost."""
+        error = self._port.select_error(-got)
+        if error is None:
+            return
+        # Only a select that ran (not one refused as busy or closed).
+        again = self._port.unapplied_select_changes(-got) if isinstance(error, OSError) else []
+        if again:
+            with self._lock:
+                self._pending[:0] = again
+        raise error
+
+    def _wait(self, wait_ms: float) -> int:
         """Apply queued changes and re-arms, wait, and return how many
         (slot, mask) pairs are at the front of ``self._out``. I/O
         completions go to :attr:`io_completion_handler`; a wait interrupted
         by a signal before anything arrived returns -1 (the signal's Python
         handler runs as soon as Python resumes)."""
-        count = self._prepare() if self._pending or self._released else 0
-        got: int = lib.sn_port_select(self._handle, count, wait_ms)
+        fast = self._fast
+        count = fast.prepare() if fast.pending or fast.released else 0
+        got: int = fast.select(count, wait_ms)
         if got > _PAIRS:
             return self._io_completed(got)
         if got < 0:
-            if -got == _ERROR_INTERRUPTED:
-                return -1
-            if count:
-                self._requeue(count, -got)
-            self._check(-got)
+            self._raise_for(got)
+            return -1
         return got
-
-    def _requeue(self, count: int, error: int) -> None:
-        """A select that failed as a whole: the changes it carried whose
-        result is the call's error were not applied ("the entire operation
-        failed, and no changes occurred"), so they go back to the front of
-        the queue for the next select; nothing is lost."""
-        buffer = self._changes_buffer
-        unpack_from = _REGISTRATION.unpack_from
-        size = _REGISTRATION.size
-        again = []
-        for offset in range(0, count * size, size):
-            fd, slot, events, op, trigger, result = unpack_from(buffer, offset)
-            if result == error:
-                again.append(_new_change(Change, (fd, slot, events, op, trigger)))
-        with self._lock:
-            # Before what other threads queued meanwhile: the order of
-            # one descriptor's changes is kept.
-            self._pending[:0] = again
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
         """Apply the recorded changes and re-arms, wait, return ready keys.
@@ -543,8 +559,10 @@ class NotifySelector(selectors.BaseSelector):
         """
         wait_ms = timeout_ms(timeout)
         deadline = _monotonic() + timeout if wait_ms > 0 else None  # type: ignore[operator]
-        if not self._selecting.acquire(False):
-            raise RuntimeError("select() is already running in another thread")
+        try:
+            token = self._select_token.pop()
+        except IndexError:
+            raise RuntimeError("select() is already running in another thread") from None
         try:
             got = self._wait(wait_ms)
             if got < 0:
@@ -553,7 +571,7 @@ class NotifySelector(selectors.BaseSelector):
                 return []
             values = self._out[:got * _WORDS_PER_PAIR].tolist()
         finally:
-            self._selecting.release()
+            self._select_token.append(token)
         keys = self._keys
         return [(key, mask) for slot, mask in zip(values[::2], values[1::2])
                 if (key := keys[slot]) is not None]
@@ -579,7 +597,7 @@ class NotifySelector(selectors.BaseSelector):
         """Close the port and forget every registration. Idempotent."""
         with self._lock:
             self._records.clear()
-            self._keys = [None]
+            self._keys[:] = [None]
             self._free.clear()
             self._released.clear()
             self._pending.clear()

@@ -453,7 +453,6 @@ def test_an_answer_lost_to_an_exception_is_reported_again(selector):
     """A KeyboardInterrupt raised by a signal handler right after the wait
     loses that call's answer: the registrations it delivered were noted for
     re-arming inside the core, so the next select() reports them again."""
-    from socknotify_loop.port import lib
     pairs = [socket.socketpair() for _ in range(3)]
     try:
         for reader, writer in pairs:
@@ -461,7 +460,7 @@ def test_an_answer_lost_to_an_exception_is_reported_again(selector):
             writer.send(b"x")
         selector.select(0)   # applies everything (and reports it)
         # A wait whose answer nobody reads, as when an exception cuts in.
-        assert lib.sn_port_select(selector._handle, 0, 1000) == 3
+        assert selector.fast_path.select(0, 1000) == 3
         assert ready_fds(selector.select(1)) == {(r.fileno(), READ) for r, _ in pairs}
     finally:
         for reader, writer in pairs:
@@ -501,11 +500,10 @@ def test_the_select_call_takes_float_milliseconds_rounded_up(selector):
     """The loop hands sn_port_select() its timeout as float milliseconds:
     a fraction waits the whole next millisecond (never a poll that would
     make the loop spin until the timer is due), NaN polls."""
-    from socknotify_loop.port import lib
     for wanted in (0.25, 2.5):
         start = time.perf_counter()
-        assert lib.sn_port_select(selector._handle, 0, wanted) == 0
+        assert selector.fast_path.select(0, wanted) == 0
         assert time.perf_counter() - start >= math.ceil(wanted) / 1000 * 0.9
     start = time.perf_counter()
-    assert lib.sn_port_select(selector._handle, 0, float("nan")) == 0
+    assert selector.fast_path.select(0, float("nan")) == 0
     assert time.perf_counter() - start < 0.5

@@ -55,12 +55,13 @@ def render() -> str:
     import socknotify_loop
     parts = [HEADER]
     constants = []
-    from socknotify_loop import loop as loop_module
+    from socknotify_loop import _factory
     # The policy API is served lazily (and deprecated on 3.14+), so it is
     # not in __all__; it is public on 3.9-3.13 and documented here.
-    for name in [*socknotify_loop.__all__, "EventLoopPolicy", "install"]:
-        obj = getattr(loop_module, name) if name in ("EventLoopPolicy", "install") \
-            else getattr(socknotify_loop, name)
+    policy_api = {"EventLoopPolicy": _factory.event_loop_policy_class(),
+                  "install": _factory.install}
+    for name in [*socknotify_loop.__all__, *policy_api]:
+        obj = policy_api[name] if name in policy_api else getattr(socknotify_loop, name)
         if inspect.isclass(obj):
             parts.append(f"## class `{name}{_signature(obj)}`\n\n{_doc(obj)}\n")
             for member, kind, signature, doc in _members(obj):

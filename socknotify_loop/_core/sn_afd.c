@@ -53,8 +53,10 @@
  *     was closed and whose value came back must not inherit the old
  *     socket's queued LOCAL_CLOSE: see sn_afd_sock_feed.
  *   - AFD wants the base socket, below any layered service provider:
- *     SIO_BASE_HANDLE, falling back to SIO_BSP_HANDLE_POLL/_SELECT for
- *     LSPs that hide it. Some Wine builds answer SIO_BASE_HANDLE with
+ *     SIO_BASE_HANDLE; for LSPs that intercept it, SIO_BSP_HANDLE_POLL/
+ *     _SELECT peel one layer at a time, SIO_BASE_HANDLE asked again below
+ *     each (an answer naming the socket itself is no answer: see
+ *     sn_afd_ws.c). Some Wine builds answer SIO_BASE_HANDLE with
  *     WSAEOPNOTSUPP (which is why trio fails there); Wine has no LSPs, so
  *     the socket itself is the base. The Wine 8.0 of Debian 12 answers it,
  *     but with the socket itself even after closesocket(): whether a

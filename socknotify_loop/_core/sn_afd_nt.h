@@ -65,11 +65,10 @@ typedef struct afd_poll_info {
     afd_poll_handle_info_t Handles[1];
 } afd_poll_info_t;
 
-#ifdef _WIN64
+/* 64-bit layouts (sn_win.h refuses 32-bit Windows, so always checked). */
 _Static_assert(sizeof(afd_iosb_t) == 16, "IO_STATUS_BLOCK layout");
 _Static_assert(sizeof(afd_poll_handle_info_t) == 16, "AFD_POLL_HANDLE_INFO layout");
 _Static_assert(sizeof(afd_poll_info_t) == 32, "AFD_POLL_INFO layout");
-#endif
 
 /* Look up the ntdll functions (once per process). 0, or the error that
    makes the polyfill unusable here. Every other function below requires

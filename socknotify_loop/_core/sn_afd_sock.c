@@ -33,7 +33,7 @@
  *
  * The asserts are compiled in wherever NDEBUG is not defined: the
  * mingw-w64 builds of the C test (tests/c/run_wine.sh) and of the wheel
- * (tools/wine.py) define nothing of the kind.
+ * (tools/wine/compile.py) define nothing of the kind.
  */
 #ifdef _WIN32
 

@@ -424,3 +424,7 @@ const sn_backend_ops_t sn_epoll_ops = {
 };
 
 #endif /* __linux__ */
+
+/* ISO C wants a declaration in every translation unit, also where the
+   #ifdef above leaves none (MSVC and -pedantic warn otherwise). */
+typedef int sn_epoll_c_is_linux_only;

@@ -164,6 +164,8 @@ struct sn_port {
     uint32_t *deferred_slots;
     uint32_t deferred_count;
     uint32_t deferred_cap;
+    /* The count of bound changes the last select carried (sn_port_select_changes). */
+    uint32_t last_select_count;
 
     /* The selector's buffers (sn_port_bind), owned by the caller. */
     sn_registration_t *bound_changes;
@@ -171,6 +173,13 @@ struct sn_port {
     uint64_t *bound_out;
     uint32_t bound_out_cap;
     sn_kevent_t *bound_events;  /* ours: the kernel events of a select */
+    /* The select path's kernel registrations and their bookkeeping when
+       they do not fit on the stack (sn__run), grown once and kept: one
+       thread selects at a time (`selecting`), and a busy loop re-arms
+       more than a stack's worth of sockets on every select. */
+    sn_registration_t *select_kregs;
+    void *select_pending;       /* sn_pending_t[], private to sn_port.c */
+    uint32_t select_scratch_cap;
 
     /* Kernel calls made for this port (SN_COUNT_*). */
     volatile uint64_t counters[SN_COUNTERS];

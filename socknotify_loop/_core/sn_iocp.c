@@ -72,8 +72,13 @@
 #include <stddef.h>
 #include <stdlib.h>
 
-/* The SDK's x64 layout, which the kernel reads: checked, not assumed. */
-#ifdef _WIN64
+/* The SDK's 64-bit layout (x64 and ARM64 alike), which the kernel reads:
+   checked, not assumed, on every Windows build (sn_win.h refuses 32-bit
+   Windows outright, so these can never be compiled out). */
+_Static_assert(sizeof(void *) == 8 && sizeof(ULONG_PTR) == 8 && sizeof(SOCKET) == 8,
+               "64-bit pointers, completion keys and sockets");
+_Static_assert(sizeof(((OVERLAPPED_ENTRY *)0)->lpCompletionKey) == sizeof(uint64_t),
+               "a completion key carries a 64-bit kernel key");
 _Static_assert(sizeof(SOCK_NOTIFY_REGISTRATION) == 24, "SOCK_NOTIFY_REGISTRATION size");
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, socket) == 0, "socket offset");
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, completionKey) == 8, "completionKey offset");
@@ -83,7 +88,6 @@ _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, triggerFlags) == 19, "triggerF
 _Static_assert(offsetof(SOCK_NOTIFY_REGISTRATION, registrationResult) == 20,
                "registrationResult offset");
 _Static_assert(sizeof(OVERLAPPED_ENTRY) == 32, "OVERLAPPED_ENTRY size");
-#endif
 
 /* Our constants are PSN's values (socknotify.h says so; keep it true). */
 _Static_assert(SN_EVENT_IN == SOCK_NOTIFY_EVENT_IN && SN_EVENT_OUT == SOCK_NOTIFY_EVENT_OUT &&
@@ -97,7 +101,8 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
                SN_TRIGGER_LEVEL == SOCK_NOTIFY_TRIGGER_LEVEL &&
                SN_TRIGGER_EDGE == SOCK_NOTIFY_TRIGGER_EDGE, "trigger values");
 
-/* Batches this small translate on the stack. */
+/* Batches this small translate on the stack; larger ones use one of the
+   port's buffers (below). */
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
 
@@ -144,6 +149,24 @@ static int iocp__available_afd(const char **why) {
 
 /* ----------------------------------------------------------------- the port */
 
+/* Room for one call's kernel registrations and dequeued entries when they
+   do not fit on the stack. A selector asks for hundreds of entries on
+   every select (its whole output buffer): allocating and freeing that for
+   each call cost about 10 KB of heap traffic per wait. So the port keeps
+   the buffers it has made, on a list: a call takes one, grows it if it is
+   too small, and gives it back. Several threads may wait on one port at
+   once, each with a buffer of its own, so the list holds as many buffers
+   as there were calls at once, each grown to the largest batch it served;
+   a single-threaded loop allocates once and never again. */
+typedef struct iocp_buffer {
+    struct iocp_buffer *next;
+    SOCK_NOTIFY_REGISTRATION *regs;
+    OVERLAPPED_ENTRY *entries;
+    uint8_t *routed;            /* beside regs: applied by the polyfill already */
+    uint32_t regs_cap;
+    uint32_t entries_cap;
+} iocp_buffer_t;
+
 /* Sockets the port's own function refused and the polyfill serves instead
    (see "Refusals" below): a small open-addressing set; 0 marks a free
    cell (INVALID_SOCKET is never registered, 0 is never a socket). */
@@ -161,7 +184,63 @@ typedef struct iocp_port {
     SRWLOCK fallback_lock;                         /* guards fallbacks */
     iocp_fallbacks_t fallbacks;
     volatile long fallback_used;                   /* the polyfill ever served a socket here */
+    SRWLOCK buffers_lock;                          /* guards `buffers` */
+    iocp_buffer_t *buffers;                        /* idle buffers, a stack */
 } iocp_port_t;
+
+static void iocp__buffer_give(iocp_port_t *ip, iocp_buffer_t *buf) {
+    AcquireSRWLockExclusive(&ip->buffers_lock);
+    buf->next = ip->buffers;
+    ip->buffers = buf;
+    ReleaseSRWLockExclusive(&ip->buffers_lock);
+}
+
+/* A buffer with room for `regs` registrations and `entries` entries, or
+   NULL when memory ran out (the call then fails with
+   SN_ERROR_NO_MEMORY, and the port stays as it was). */
+static iocp_buffer_t *iocp__buffer_take(iocp_port_t *ip, uint32_t regs, uint32_t entries) {
+    iocp_buffer_t *buf;
+
+    AcquireSRWLockExclusive(&ip->buffers_lock);
+    buf = ip->buffers;
+    if (buf != NULL)
+        ip->buffers = buf->next;
+    ReleaseSRWLockExclusive(&ip->buffers_lock);
+    if (buf == NULL) {
+        buf = calloc(1, sizeof *buf);
+        if (buf == NULL)
+            return NULL;
+    }
+    buf->next = NULL;
+    if (regs > buf->regs_cap) {
+        SOCK_NOTIFY_REGISTRATION *fresh = malloc((size_t)regs * sizeof *fresh);
+        uint8_t *routed = malloc(regs);
+        if (fresh == NULL || routed == NULL) {
+            free(fresh);
+            free(routed);
+            goto fail;
+        }
+        free(buf->regs);
+        free(buf->routed);
+        buf->regs = fresh;
+        buf->routed = routed;
+        buf->regs_cap = regs;
+    }
+    if (entries > buf->entries_cap) {
+        OVERLAPPED_ENTRY *fresh = malloc((size_t)entries * sizeof *fresh);
+        if (fresh == NULL)
+            goto fail;
+        free(buf->entries);
+        buf->entries = fresh;
+        buf->entries_cap = entries;
+    }
+    return buf;
+
+fail:
+    iocp__buffer_give(ip, buf);   /* what it has stays useful */
+    return NULL;
+}
+
 
 /* ------------------------------------------------------------- refusals */
 
@@ -285,6 +364,8 @@ static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn proces
     ip->polyfill = polyfill;
     ip->model = process == sn_model_process_socket_notifications;
     InitializeSRWLock(&ip->fallback_lock);
+    InitializeSRWLock(&ip->buffers_lock);
+    ip->buffers = NULL;
     port->impl = ip;
     return 0;
 
@@ -395,6 +476,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     SOCK_NOTIFY_REGISTRATION *kregs = stack_regs;
     OVERLAPPED_ENTRY *entries = stack_entries;
     uint8_t *routed = stack_routed;
+    iocp_buffer_t *buf = NULL;
     UINT32 got = 0, j;
     DWORD rc;
     uint32_t i;
@@ -402,20 +484,17 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
 
     *received = 0;
     *dropped = 0;
-    if (count > IOCP_STACK_REGS) {
-        kregs = malloc((size_t)count * sizeof *kregs);
-        routed = malloc(count);
-        if (kregs == NULL || routed == NULL) {
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
+    if (count > IOCP_STACK_REGS || max_events > IOCP_STACK_ENTRIES) {
+        buf = iocp__buffer_take(ip, count > IOCP_STACK_REGS ? count : 0,
+                                max_events > IOCP_STACK_ENTRIES ? max_events : 0);
+        if (buf == NULL)
+            return SN_ERROR_NO_MEMORY;
+        if (count > IOCP_STACK_REGS) {
+            kregs = buf->regs;
+            routed = buf->routed;
         }
-    }
-    if (max_events > IOCP_STACK_ENTRIES) {
-        entries = malloc((size_t)max_events * sizeof *entries);
-        if (entries == NULL) {
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
-        }
+        if (max_events > IOCP_STACK_ENTRIES)
+            entries = buf->entries;
     }
     for (i = 0; i < count; i++) {
         kregs[i].socket = (SOCKET)regs[i].socket;
@@ -496,12 +575,8 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
             (*dropped)++;
     }
 out:
-    if (kregs != stack_regs)
-        free(kregs);
-    if (routed != stack_routed)
-        free(routed);
-    if (entries != stack_entries)
-        free(entries);
+    if (buf != NULL)
+        iocp__buffer_give(ip, buf);
     return err;
 }
 
@@ -539,6 +614,16 @@ static void iocp__close(sn_port_t *port, int inherited) {
     if (ip->polyfill || ip->model || sn_atomic_load(&ip->fallback_used))
         sn_afd_port_closed(ip->iocp);
     CloseHandle(ip->iocp);
+    /* No thread is inside process() any more (sn_port_close waited for
+       them), so every buffer is back on the list. */
+    while (ip->buffers != NULL) {
+        iocp_buffer_t *buf = ip->buffers;
+        ip->buffers = buf->next;
+        free(buf->regs);
+        free(buf->routed);
+        free(buf->entries);
+        free(buf);
+    }
     free(ip->fallbacks.cells);
     free(ip);
     port->impl = NULL;

@@ -56,3 +56,7 @@ unsigned long sn_fork_generation(void) {
 }
 
 #endif /* !_WIN32 */
+
+/* ISO C wants a declaration in every translation unit, also on Windows,
+   where the #ifdef above leaves none (MSVC and -pedantic warn otherwise). */
+typedef int sn_platform_posix_c_is_posix_only;

@@ -559,6 +559,11 @@ static void sn__release(sn_port_t *port, int inherited) {
     port->deferred_count = port->deferred_cap = 0;
     free(port->bound_events);
     port->bound_events = NULL;
+    free(port->select_kregs);
+    free(port->select_pending);
+    port->select_kregs = NULL;
+    port->select_pending = NULL;
+    port->select_scratch_cap = 0;
     port->bound_changes = NULL;
     port->bound_out = NULL;
     port->records = NULL;
@@ -1123,9 +1128,29 @@ static void sn__report_deferred_failures(const sn_registration_t *kregs,
     }
 }
 
-/* Small batches translate on the stack; larger ones allocate. */
+/* Small batches translate on the stack; larger ones allocate, except on
+   the select path, which keeps its buffers in the port. */
 #define SN_STACK_REGS    16
 #define SN_STACK_EVENTS  256
+
+/* Make the select path's scratch hold `total` registrations (lock held;
+   only the selecting thread gets here). 0, or SN_ERROR_NO_MEMORY with
+   the old scratch kept. */
+static int sn__grow_select_scratch(sn_port_t *port, uint32_t total) {
+    sn_registration_t *kregs = malloc((size_t)total * sizeof *kregs);
+    sn_pending_t *pending = malloc((size_t)total * sizeof *pending);
+    if (kregs == NULL || pending == NULL) {
+        free(kregs);
+        free(pending);
+        return SN_ERROR_NO_MEMORY;
+    }
+    free(port->select_kregs);
+    free(port->select_pending);
+    port->select_kregs = kregs;
+    port->select_pending = pending;
+    port->select_scratch_cap = total;
+    return 0;
+}
 
 /* The one routine behind sn_port_process() and sn_port_select(): apply
    re-arms and changes, wait, translate; wait again for the time left while
@@ -1141,6 +1166,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     sn_kevent_t *events = stack_events;
     uint32_t internal = 0, total, refused, kcap = SN_STACK_REGS, callers = count, rounds = 0;
     int64_t deadline = 0;
+    int scratch = 0;     /* kregs and pending are the port's (select path) */
     int err = 0;
 
     if (given_events != NULL) {
@@ -1158,7 +1184,19 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         port->rearm_mode = 1;
     total = count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0) +
             port->deferred_count;
-    if (total > SN_STACK_REGS) {
+    if (total > SN_STACK_REGS && given_events != NULL) {
+        /* The select path (the only caller with its own events buffer):
+           the port's scratch, grown once. */
+        if (total > port->select_scratch_cap && sn__grow_select_scratch(port, total) != 0) {
+            sn_mutex_unlock(&port->lock);
+            err = SN_ERROR_NO_MEMORY;
+            goto out;
+        }
+        kregs = port->select_kregs;
+        pending = port->select_pending;
+        scratch = 1;
+        kcap = port->select_scratch_cap;
+    } else if (total > SN_STACK_REGS) {
         kregs = malloc((size_t)total * sizeof *kregs);
         pending = malloc((size_t)total * sizeof *pending);
         if (kregs == NULL || pending == NULL) {
@@ -1236,7 +1274,13 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                 break;
         }
         sn_mutex_lock(&port->lock);
-        if (port->deferred_count > kcap) {
+        if (port->deferred_count > kcap && scratch) {
+            if (sn__grow_select_scratch(port, port->deferred_count) == 0) {
+                kregs = port->select_kregs;
+                pending = port->select_pending;
+                kcap = port->select_scratch_cap;
+            }
+        } else if (port->deferred_count > kcap) {
             sn_registration_t *k = malloc((size_t)port->deferred_count * sizeof *k);
             sn_pending_t *pe = malloc((size_t)port->deferred_count * sizeof *pe);
             if (k == NULL || pe == NULL) {
@@ -1257,9 +1301,9 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         sn_mutex_unlock(&port->lock);
     }
 out:
-    if (kregs != stack_kregs)
+    if (!scratch && kregs != stack_kregs)
         free(kregs);
-    if (pending != stack_pending)
+    if (!scratch && pending != stack_pending)
         free(pending);
     if (events != stack_events && events != given_events)
         free(events);
@@ -1364,6 +1408,11 @@ static int64_t sn__wait_ms(double timeout_ms) {
     return (double)ms < timeout_ms ? ms + 1 : ms;
 }
 
+uint32_t sn_port_select_changes(sn_port_t *port) {
+    /* Written by the selecting thread only, read by it after its select. */
+    return port->last_select_count;
+}
+
 int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
     sn_sink_t sink;
     uint32_t i, max_events;
@@ -1378,11 +1427,13 @@ int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
     memset(&sink, 0, sizeof sink);
     sink.out = port->bound_out;
     sink.cap = port->bound_out_cap;
+    port->last_select_count = 0;
     if (count > port->bound_changes_cap || port->bound_out == NULL ||
         sink.cap / 2 <= count) {
         err = SN_ERROR_INVALID;
         goto out;
     }
+    port->last_select_count = count;
     /* Room for the failure pairs of the changes, then kernel events. */
     max_events = sink.cap / 2 - count;
     err = sn__run(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE,

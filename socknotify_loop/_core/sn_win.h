@@ -13,6 +13,25 @@
 
 #ifdef _WIN32
 
+/* 64-bit Windows only (x64 and ARM64). The port's kernel keys and its
+   reserved keys (sn_keys.h) are 64-bit values that travel in a completion
+   key and, for posted packets, in lpOverlapped; SOCK_NOTIFY_REGISTRATION's
+   completionKey is a PVOID. On 32-bit Windows both are 32 bits wide: every
+   key would be cut in half, the generation that tells a stale notification
+   from a live one would be lost, and the reserved keys would collide with
+   registrations (dropped wake-ups, pipe completions taken for sockets).
+   Refuse the build rather than ship that. */
+#if !defined(_WIN64)
+#  error "socknotify_loop supports 64-bit Windows only (x64, ARM64): its completion keys are 64-bit, and a 32-bit PVOID/ULONG_PTR cannot carry them"
+#endif
+
+/* The core is C11 (_Static_assert, declarations after statements). MSVC
+   speaks C11 only when asked: socknotify_loop/_build.py passes /std:c11. */
+#if defined(_MSC_VER) && !defined(__clang__) && \
+    (!defined(__STDC_VERSION__) || __STDC_VERSION__ < 201112L)
+#  error "compile the socknotify_loop core as C11: MSVC needs /std:c11 (socknotify_loop/_build.py passes it)"
+#endif
+
 #ifndef WIN32_LEAN_AND_MEAN
 #  define WIN32_LEAN_AND_MEAN
 #endif

@@ -203,6 +203,11 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
 int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,
                  uint64_t *out, uint32_t out_cap);
 int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms);
+/* How many bound changes the last sn_port_select() carried (0 if it
+   failed before taking them): after a select that failed as a whole, its
+   caller reads their results (each the call's error when it was not
+   applied) to queue them again. */
+uint32_t sn_port_select_changes(sn_port_t *port);
 
 /* One change, applied at once, without waiting or dequeuing, with
    SN_PROCESS_QUIET_REMOVE's meaning of REMOVE: the selector's register,

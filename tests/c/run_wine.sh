@@ -8,12 +8,19 @@
 #   NO_RUN=1 tests/c/run_wine.sh   # build (and warning check) only
 #
 # Wine 8 has no ProcessSocketNotifications, so this exercises the
-# IOCTL_AFD_POLL polyfill; the psn backend is compile-checked only.
+# IOCTL_AFD_POLL polyfill; the psn backend is compile-checked only. On
+# Windows itself (Git Bash or MSYS2, with a mingw-w64 gcc on PATH: the
+# c-tests job of .github/workflows/windows.yml) the same script builds with
+# that gcc and runs the programs natively, psn included where the OS has it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 core="$root/socknotify_loop/_core"
-cc=${MINGW_CC:-x86_64-w64-mingw32-gcc}
+case "$(uname -s)" in
+    MINGW*|MSYS*|CYGWIN*) native=1; default_cc=gcc ;;
+    *) native=; default_cc=x86_64-w64-mingw32-gcc ;;
+esac
+cc=${MINGW_CC:-$default_cc}
 out=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 [ -n "${OUT_DIR:-}" ] || trap 'rm -rf "$out"' EXIT
@@ -30,13 +37,44 @@ for src in "$core"/*.c; do
     f=$(basename "$src")
     "$cc" $flags -c "$src" -o "$out/${f%.c}.o"
 done
+# Portability of the Windows C: ISO C11 with no GNU extension and no VLA
+# (the dialect MSVC compiles with /std:c11, as socknotify_loop/_build.py
+# asks for it), every file, no warning.
+for src in "$core"/*.c; do
+    "$cc" -std=c11 -pedantic -Wall -Wextra -Wvla -Werror -fsyntax-only "$src"
+done
+# A 32-bit Windows build must stop with the core's own message: its keys
+# are 64-bit and PVOID/ULONG_PTR are 32-bit there (sn_win.h).
+if "$cc" -m32 -fsyntax-only "$core/sn_iocp.c" 2>"$out/win32.log"; then
+    echo "a 32-bit Windows build of the core compiled: sn_win.h must refuse it" >&2
+    exit 1
+fi
+if ! grep -q "supports 64-bit Windows only" "$out/win32.log"; then
+    cat "$out/win32.log" >&2
+    echo "a 32-bit Windows build failed without the core's own #error" >&2
+    exit 1
+fi
+echo "ISO C11 (-pedantic) on every core file, and the 32-bit refusal: ok"
 "$cc" $flags -I"$core" "$here/test_afd_polyfill.c" "$out"/*.o \
     -o "$out/test_afd_polyfill.exe" -lws2_32 -lntdll
 echo "built $out/test_afd_polyfill.exe"
+# The core's internals through their seams: the base-socket lookup under a
+# played layered provider, and the allocations per wait, counted by
+# wrapping the C allocator at link time (the core objects stay as built).
+"$cc" $flags -I"$core" "$here/test_win_internals.c" "$out"/*.o \
+    -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc \
+    -o "$out/test_win_internals.exe" -lws2_32 -lntdll
+echo "built $out/test_win_internals.exe"
 [ -z "${NO_RUN:-}" ] || exit 0
 
+if [ -n "$native" ]; then
+    "$out/test_afd_polyfill.exe" </dev/null
+    "$out/test_win_internals.exe" </dev/null
+    exit 0
+fi
 export WINEPREFIX=${WINEPREFIX:-$root/.wine-cache/prefix-ctest}
 export WINEDEBUG=${WINEDEBUG:--all}
 wine=$(command -v wine64 || command -v wine)
 # Windows programs under Wine want a stdin; the first run creates the prefix.
 "$wine" "$out/test_afd_polyfill.exe" </dev/null
+"$wine" "$out/test_win_internals.exe" </dev/null

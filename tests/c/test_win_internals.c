@@ -1,0 +1,539 @@
+/*
+ * test_win_internals.c -- two pieces of the Windows core that no socket
+ * test can reach from outside, checked through seams:
+ *
+ *   1. The AFD polyfill's base-socket lookup (sn_afd_ws.c) under a layered
+ *      service provider. No LSP can be installed under Wine or on a CI
+ *      runner, so the provider's answers to SIO_BASE_HANDLE and
+ *      SIO_BSP_HANDLE_POLL/_SELECT are played through the lookup's query
+ *      seam (sn_afd_ws_query): an LSP that intercepts SIO_BASE_HANDLE and
+ *      answers SIO_BSP_HANDLE_POLL with its own socket must not be taken
+ *      for the base; a BSP answer naming another socket is one layer down,
+ *      where SIO_BASE_HANDLE is asked again.
+ *   2. The port's memory traffic per wait (sn_iocp.c): a wait with room for
+ *      more than 128 completion entries must not allocate once the port
+ *      has served one, on one thread or several. Counted by wrapping the
+ *      C allocator at link time (tests/c/run_wine.sh links this program
+ *      with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc), so the core
+ *      is compiled exactly as it ships; the wrapper can also refuse
+ *      memory, for the out-of-memory path.
+ *
+ * Built with mingw-w64 and run under Wine by tests/c/run_wine.sh, next to
+ * test_afd_polyfill.c. Exit status: 0 when every check passed.
+ */
+#define WIN32_LEAN_AND_MEAN
+#include <winsock2.h>
+#include <ws2tcpip.h>
+#include <windows.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sn_internal.h"
+#include "sn_win.h"
+#include "sn_afd_ws.h"
+
+static int failures;
+static int checks;
+
+#define CHECK(cond) do { \
+    checks++; \
+    if (!(cond)) { \
+        fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        failures++; \
+    } \
+} while (0)
+
+#define CHECK_EQ(a, b) do { \
+    unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
+    checks++; \
+    if (a_ != b_) { \
+        fprintf(stderr, "%s:%d: CHECK failed: %s == %s (0x%llx != 0x%llx)\n", \
+                __FILE__, __LINE__, #a, #b, a_, b_); \
+        failures++; \
+    } \
+} while (0)
+
+#define RUN(test) do { \
+    int before = failures; \
+    printf("%-36s", #test); fflush(stdout); \
+    test(); \
+    printf("%s\n", failures == before ? "ok" : "FAILED"); fflush(stdout); \
+} while (0)
+
+/* ------------------------------------------------------- the allocator */
+
+void *__real_malloc(size_t size);
+void *__real_calloc(size_t count, size_t size);
+void *__real_realloc(void *p, size_t size);
+
+static volatile LONG allocations;   /* every malloc/calloc/realloc */
+static volatile LONG refuse_memory; /* nonzero: every allocation fails */
+
+void *__wrap_malloc(size_t size) {
+    InterlockedIncrement(&allocations);
+    return refuse_memory ? NULL : __real_malloc(size);
+}
+
+void *__wrap_calloc(size_t count, size_t size) {
+    InterlockedIncrement(&allocations);
+    return refuse_memory ? NULL : __real_calloc(count, size);
+}
+
+void *__wrap_realloc(void *p, size_t size) {
+    InterlockedIncrement(&allocations);
+    return refuse_memory ? NULL : __real_realloc(p, size);
+}
+
+/* ---------------------------------------------- a played layered provider */
+
+/* One socket value as a provider would answer for it: per ioctl, an error
+   (0 = success) and the socket named. */
+typedef struct fake_answer {
+    DWORD error;
+    SOCKET socket;
+} fake_answer_t;
+
+typedef struct fake_socket {
+    SOCKET socket;
+    fake_answer_t base, bsp_poll, bsp_select;
+} fake_socket_t;
+
+#define FAKE_MAX 8
+static fake_socket_t fakes[FAKE_MAX];
+static int fake_count;
+static int fake_queries;
+static sn_afd_ws_query_fn real_query;
+
+static void fake_reset(void) {
+    memset(fakes, 0, sizeof fakes);
+    fake_count = 0;
+    fake_queries = 0;
+}
+
+static void fake_add(SOCKET s, fake_answer_t base, fake_answer_t poll, fake_answer_t select) {
+    fakes[fake_count].socket = s;
+    fakes[fake_count].base = base;
+    fakes[fake_count].bsp_poll = poll;
+    fakes[fake_count].bsp_select = select;
+    fake_count++;
+}
+
+static fake_answer_t ok(SOCKET s) { fake_answer_t a = {0, s}; return a; }
+static fake_answer_t fails(DWORD e) { fake_answer_t a = {e, INVALID_SOCKET}; return a; }
+
+/* Sockets the table does not list get the real Winsock's answers. */
+static DWORD fake_query(SOCKET socket, DWORD ioctl, SOCKET *answer) {
+    int i;
+    fake_queries++;
+    for (i = 0; i < fake_count; i++) {
+        const fake_answer_t *a;
+        if (fakes[i].socket != socket)
+            continue;
+        a = ioctl == SIO_BASE_HANDLE ? &fakes[i].base
+          : ioctl == SIO_BSP_HANDLE_POLL ? &fakes[i].bsp_poll
+          : &fakes[i].bsp_select;
+        if (a->error == 0)
+            *answer = a->socket;
+        return a->error;
+    }
+    return real_query(socket, ioctl, answer);
+}
+
+static DWORD lookup(SOCKET s, SOCKET *base) {
+    DWORD error;
+    *base = INVALID_SOCKET;
+    sn_afd_ws_query = fake_query;
+    error = sn_afd_ws_base_socket(s, base);
+    sn_afd_ws_query = real_query;
+    return error;
+}
+
+/* Values no real socket has here (handles are multiples of 4 and small). */
+#define LSP1  ((SOCKET)0x7ff00010)
+#define LSP2  ((SOCKET)0x7ff00020)
+#define BASE  ((SOCKET)0x7ff00030)
+
+static void test_base_plain(void) {
+    SOCKET base;
+    fake_reset();
+    fake_add(LSP1, ok(BASE), ok(LSP1), ok(LSP1));
+    CHECK_EQ(lookup(LSP1, &base), 0);
+    CHECK_EQ(base, BASE);
+    /* The documented answer is taken as it is: no further question. */
+    CHECK_EQ(fake_queries, 1);
+}
+
+/* An LSP that intercepts SIO_BASE_HANDLE and answers SIO_BSP_HANDLE_POLL
+   with its own socket (so that WSAPoll goes through it), while
+   SIO_BSP_HANDLE_SELECT names the next socket down. */
+static void test_base_lsp_answers_itself(void) {
+    SOCKET base;
+    fake_reset();
+    fake_add(LSP1, fails(WSAEINVAL), ok(LSP1), ok(BASE));
+    fake_add(BASE, ok(BASE), ok(BASE), ok(BASE));
+    CHECK_EQ(lookup(LSP1, &base), 0);
+    CHECK_EQ(base, BASE);
+}
+
+/* Two layers: the first BSP answer is only one layer down; SIO_BASE_HANDLE
+   must be asked again there (the second layer intercepts it too). */
+static void test_base_two_layers(void) {
+    SOCKET base;
+    fake_reset();
+    fake_add(LSP1, fails(WSAEINVAL), ok(LSP2), ok(LSP2));
+    fake_add(LSP2, fails(WSAEINVAL), ok(LSP2), ok(BASE));
+    fake_add(BASE, ok(BASE), ok(BASE), ok(BASE));
+    CHECK_EQ(lookup(LSP1, &base), 0);
+    CHECK_EQ(base, BASE);
+    /* The lower layer lets SIO_BASE_HANDLE through: one BSP step, then the
+       documented answer from below. */
+    fake_reset();
+    fake_add(LSP1, fails(WSAEINVAL), ok(LSP2), ok(LSP2));
+    fake_add(LSP2, ok(BASE), ok(LSP2), ok(LSP2));
+    CHECK_EQ(lookup(LSP1, &base), 0);
+    CHECK_EQ(base, BASE);
+}
+
+/* Nothing gives the base away: a clear error (SIO_BASE_HANDLE's), never
+   the socket itself, whose AFD poll would fail later, silently. */
+static void test_base_hidden(void) {
+    SOCKET base;
+    fake_reset();
+    fake_add(LSP1, fails(WSAEINVAL), ok(LSP1), ok(LSP1));
+    CHECK_EQ(lookup(LSP1, &base), WSAEINVAL);
+    CHECK_EQ(base, INVALID_SOCKET);
+    fake_reset();
+    fake_add(LSP1, fails(WSAEINVAL), fails(WSAEINVAL), fails(WSAEINVAL));
+    CHECK_EQ(lookup(LSP1, &base), WSAEINVAL);
+    /* A layer below that hides its base as well. */
+    fake_reset();
+    fake_add(LSP1, fails(WSAEINVAL), ok(LSP2), ok(LSP2));
+    fake_add(LSP2, fails(WSAEINVAL), ok(LSP2), fails(WSAEINVAL));
+    CHECK_EQ(lookup(LSP1, &base), WSAEINVAL);
+    /* "Success" naming no socket is no answer either. */
+    fake_reset();
+    fake_add(LSP1, ok(INVALID_SOCKET), ok(INVALID_SOCKET), ok(INVALID_SOCKET));
+    CHECK(lookup(LSP1, &base) != 0);
+    CHECK_EQ(base, INVALID_SOCKET);
+}
+
+/* Providers whose BSP answers go round in a circle: the walk stops. */
+static void test_base_cycle(void) {
+    SOCKET base;
+    fake_reset();
+    fake_add(LSP1, fails(WSAEINVAL), ok(LSP2), ok(LSP2));
+    fake_add(LSP2, fails(WSAEINVAL), ok(LSP1), ok(LSP1));
+    CHECK_EQ(lookup(LSP1, &base), WSAEINVAL);
+    CHECK(fake_queries < 64);
+}
+
+/* Wine without SIO_BASE_HANDLE: WSAEOPNOTSUPP, BSP answers naming the
+   socket itself (or none): no LSPs there, the socket is its own base. */
+static void test_base_wine(void) {
+    SOCKET base;
+    fake_reset();
+    fake_add(LSP1, fails(WSAEOPNOTSUPP), ok(LSP1), ok(LSP1));
+    CHECK_EQ(lookup(LSP1, &base), 0);
+    CHECK_EQ(base, LSP1);
+    fake_reset();
+    fake_add(LSP1, fails(WSAEOPNOTSUPP), fails(WSAEOPNOTSUPP), fails(WSAEOPNOTSUPP));
+    CHECK_EQ(lookup(LSP1, &base), 0);
+    CHECK_EQ(base, LSP1);
+    /* A closed socket stops the walk at once. */
+    fake_reset();
+    fake_add(LSP1, fails(WSAENOTSOCK), ok(BASE), ok(BASE));
+    CHECK_EQ(lookup(LSP1, &base), WSAENOTSOCK);
+    CHECK_EQ(fake_queries, 1);
+}
+
+/* ------------------------------------------------------------- sockets */
+
+static SOCKET listener;
+static struct sockaddr_in listen_addr;
+
+static void setup_listener(void) {
+    int len = sizeof listen_addr;
+    listener = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
+    memset(&listen_addr, 0, sizeof listen_addr);
+    listen_addr.sin_family = AF_INET;
+    listen_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(listener, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0 ||
+        getsockname(listener, (struct sockaddr *)&listen_addr, &len) != 0 ||
+        listen(listener, 64) != 0) {
+        fprintf(stderr, "listener setup failed: %d\n", WSAGetLastError());
+        exit(2);
+    }
+}
+
+static void make_pair(SOCKET *a, SOCKET *b) {
+    u_long one = 1;
+    SOCKET c = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
+    if (connect(c, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0) {
+        fprintf(stderr, "connect failed: %d\n", WSAGetLastError());
+        exit(2);
+    }
+    *b = accept(listener, NULL, NULL);
+    if (*b == INVALID_SOCKET) {
+        fprintf(stderr, "accept failed: %d\n", WSAGetLastError());
+        exit(2);
+    }
+    *a = c;
+    ioctlsocket(*a, FIONBIO, &one);
+}
+
+/* The whole polyfill under a played LSP: the caller registers the layered
+   socket (here a real socket `lsp`, whose readiness nobody touches), AFD
+   must poll the base socket (`base`, the one that becomes readable), and
+   the notification carries the caller's key. Taking the LSP's own answer
+   for the base would poll the wrong socket: nothing would ever arrive. */
+static void test_polyfill_through_lsp(void) {
+    SOCKET lsp, lsp_peer, base, base_peer;
+    SOCK_NOTIFY_REGISTRATION r;
+    OVERLAPPED_ENTRY e[4];
+    UINT32 got = 0;
+    DWORD rc;
+    HANDLE port = CreateIoCompletionPort(INVALID_HANDLE_VALUE, NULL, 0, 0);
+
+    make_pair(&lsp, &lsp_peer);
+    make_pair(&base, &base_peer);
+    fake_reset();
+    fake_add(lsp, fails(WSAEINVAL), ok(lsp), ok(base));
+    sn_afd_ws_query = fake_query;
+
+    memset(&r, 0, sizeof r);
+    r.socket = lsp;
+    r.completionKey = (PVOID)(ULONG_PTR)0x1234;
+    r.eventFilter = SOCK_NOTIFY_REGISTER_EVENT_IN;
+    r.operation = SOCK_NOTIFY_OP_ENABLE;
+    r.triggerFlags = SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_LEVEL;
+    rc = sn_afd_process_socket_notifications(port, 1, &r, 0, 0, NULL, NULL);
+    CHECK_EQ(rc, ERROR_SUCCESS);
+    CHECK_EQ(r.registrationResult, 0);
+    CHECK_EQ(send(base_peer, "x", 1, 0), 1);
+    rc = sn_afd_process_socket_notifications(port, 0, NULL, 2000, 4, e, &got);
+    CHECK_EQ(rc, ERROR_SUCCESS);
+    CHECK_EQ(got, 1);
+    if (got == 1) {
+        CHECK_EQ(e[0].lpCompletionKey, 0x1234);
+        CHECK(e[0].dwNumberOfBytesTransferred & SOCK_NOTIFY_EVENT_IN);
+    }
+
+    /* A layered socket that hides its base is refused at ENABLE with the
+       lookup's error: the caller hears of it, nothing is polled. */
+    fake_add(lsp_peer, fails(WSAEINVAL), ok(lsp_peer), ok(lsp_peer));
+    r.socket = lsp_peer;
+    r.completionKey = (PVOID)(ULONG_PTR)0x5678;
+    r.registrationResult = 0;
+    rc = sn_afd_process_socket_notifications(port, 1, &r, 0, 0, NULL, NULL);
+    CHECK_EQ(rc, ERROR_SUCCESS);
+    CHECK_EQ(r.registrationResult, WSAEINVAL);
+
+    sn_afd_ws_query = real_query;
+    sn_afd_port_closed(port);
+    CloseHandle(port);
+    closesocket(lsp);
+    closesocket(lsp_peer);
+    closesocket(base);
+    closesocket(base_peer);
+}
+
+/* ----------------------------------------------------- memory per wait */
+
+/* More than the 128 entries the port translates on the stack, fewer than
+   the 256 events the port layer keeps on its own stack: what is counted
+   is the backend's buffer alone. */
+#define BIG_WAIT 200
+
+static void test_select_allocates_once(void) {
+    int error = 0, i;
+    LONG before;
+    sn_port_t *port = sn_port_open(SN_BACKEND_AFD, &error);
+    static sn_registration_t changes[8];
+    static uint64_t out[2 * 400];
+    static sn_notification_t notes[BIG_WAIT];
+    uint32_t got;
+
+    CHECK(port != NULL);
+    if (port == NULL)
+        return;
+    CHECK_EQ(sn_port_bind(port, changes, 8, out, 2 * 400), 0);
+    /* The first waits may allocate: the port's buffer, the polyfill's
+       per-port state. */
+    CHECK(sn_port_select(port, 0, 0.0) >= 0);
+    CHECK_EQ(sn_port_process(port, 0, NULL, 0, 0, notes, BIG_WAIT, &got), 0);
+    before = allocations;
+    for (i = 0; i < 100; i++) {
+        CHECK(sn_port_select(port, 0, 0.0) >= 0);
+        CHECK_EQ(sn_port_process(port, 0, NULL, 0, 0, notes, BIG_WAIT, &got), 0);
+    }
+    if (allocations != before)
+        fprintf(stderr, "  %ld allocations in 200 waits\n", (long)(allocations - before));
+    CHECK_EQ(allocations - before, 0);
+    /* And a wait that receives something, through the same buffer. */
+    CHECK_EQ(sn_port_post(port, 77), 0);
+    CHECK_EQ(sn_port_process(port, 0, NULL, 0, 1000, notes, BIG_WAIT, &got), 0);
+    CHECK_EQ(got, 1);
+    CHECK_EQ(notes[0].key, 77);
+    CHECK_EQ(allocations - before, 0);
+    sn_port_close(port);
+    sn_port_free(port);
+}
+
+/* A busy selector: more registrations in one select (its changes and the
+   re-arms of what the last select delivered) than the port layer's stack
+   holds. The select path keeps those buffers in the port too. */
+#define BUSY 24
+static void test_busy_select_allocates_once(void) {
+    int error = 0, i;
+    LONG before;
+    sn_port_t *port = sn_port_open(SN_BACKEND_AFD, &error);
+    static sn_registration_t changes[BUSY];
+    static uint64_t out[2 * 400];
+    SOCKET a[BUSY], b[BUSY];
+    int64_t answer;
+
+    CHECK(port != NULL);
+    if (port == NULL)
+        return;
+    CHECK_EQ(sn_port_bind(port, changes, BUSY, out, 2 * 400), 0);
+    for (i = 0; i < BUSY; i++) {
+        make_pair(&a[i], &b[i]);
+        memset(&changes[i], 0, sizeof changes[i]);
+        changes[i].socket = (uint64_t)a[i];
+        changes[i].key = (uint64_t)i + 1;
+        changes[i].events = SN_EVENT_OUT;          /* ready at once, every time */
+        changes[i].op = SN_OP_ENABLE;
+        changes[i].trigger = SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL;
+    }
+    /* All 24 changes in one select, then the re-arms of 24 one-shot
+       deliveries in each select after it. */
+    answer = sn_port_select(port, BUSY, 2000.0);
+    CHECK(answer > 0);
+    for (i = 0; i < 3; i++)
+        CHECK(sn_port_select(port, 0, 2000.0) > 0);   /* warm-up */
+    before = allocations;
+    for (i = 0; i < 50; i++) {
+        answer = sn_port_select(port, 0, 2000.0);
+        CHECK(answer > 0);
+    }
+    if (allocations != before)
+        fprintf(stderr, "  %ld allocations in 50 busy selects\n",
+                (long)(allocations - before));
+    CHECK_EQ(allocations - before, 0);
+    sn_port_close(port);
+    sn_port_free(port);
+    for (i = 0; i < BUSY; i++) {
+        closesocket(a[i]);
+        closesocket(b[i]);
+    }
+}
+
+/* Several threads waiting at once each need a buffer of their own: the
+   port ends up with at most one per thread, and every posted packet still
+   reaches exactly one waiter. */
+#define MT_THREADS 4
+#define MT_POSTS 400
+static sn_port_t *mt_port;
+static volatile LONG mt_received;
+static volatile LONG mt_errors;
+
+static DWORD WINAPI mt_waiter(LPVOID arg) {
+    sn_notification_t notes[BIG_WAIT];
+    (void)arg;
+    while (mt_received < MT_POSTS) {
+        uint32_t got = 0, i;
+        if (sn_port_process(mt_port, 0, NULL, 0, 20, notes, BIG_WAIT, &got) != 0) {
+            InterlockedIncrement(&mt_errors);
+            break;
+        }
+        for (i = 0; i < got; i++)
+            if (notes[i].key == 5)
+                InterlockedIncrement(&mt_received);
+    }
+    return 0;
+}
+
+static void test_threads_share_buffers(void) {
+    HANDLE threads[MT_THREADS];
+    int error = 0, i;
+    LONG before;
+
+    mt_port = sn_port_open(SN_BACKEND_AFD, &error);
+    CHECK(mt_port != NULL);
+    if (mt_port == NULL)
+        return;
+    mt_received = 0;
+    mt_errors = 0;
+    before = allocations;
+    for (i = 0; i < MT_THREADS; i++)
+        threads[i] = CreateThread(NULL, 0, mt_waiter, NULL, 0, NULL);
+    for (i = 0; i < MT_POSTS; i++) {
+        CHECK_EQ(sn_port_post(mt_port, 5), 0);
+        if (i % 16 == 0)
+            Sleep(1);
+    }
+    WaitForMultipleObjects(MT_THREADS, threads, TRUE, 30000);
+    for (i = 0; i < MT_THREADS; i++)
+        CloseHandle(threads[i]);
+    CHECK_EQ(mt_errors, 0);
+    CHECK_EQ(mt_received, MT_POSTS);
+    /* Per buffer: its header and its entries, plus the polyfill's state
+       for the port and whatever thread start-up costs; never one per wait
+       (there were hundreds). */
+    if (allocations - before > 4 * MT_THREADS + 8)
+        fprintf(stderr, "  %ld allocations for %d waiters\n",
+                (long)(allocations - before), MT_THREADS);
+    CHECK(allocations - before <= 4 * MT_THREADS + 8);
+    sn_port_close(mt_port);
+    sn_port_free(mt_port);
+}
+
+/* Out of memory for the buffer: the wait fails with the port's
+   no-memory error and the port stays usable. */
+static void test_buffer_out_of_memory(void) {
+    int error = 0;
+    sn_port_t *port = sn_port_open(SN_BACKEND_AFD, &error);
+    sn_notification_t notes[BIG_WAIT];
+    uint32_t got = 99;
+
+    CHECK(port != NULL);
+    if (port == NULL)
+        return;
+    refuse_memory = 1;
+    CHECK_EQ(sn_port_process(port, 0, NULL, 0, 0, notes, BIG_WAIT, &got),
+             ERROR_NOT_ENOUGH_MEMORY);
+    refuse_memory = 0;
+    CHECK_EQ(got, 0);
+    CHECK_EQ(sn_port_post(port, 9), 0);
+    CHECK_EQ(sn_port_process(port, 0, NULL, 0, 1000, notes, BIG_WAIT, &got), 0);
+    CHECK_EQ(got, 1);
+    CHECK_EQ(notes[0].key, 9);
+    sn_port_close(port);
+    sn_port_free(port);
+}
+
+int main(void) {
+    WSADATA wsa;
+    if (WSAStartup(MAKEWORD(2, 2), &wsa) != 0) {
+        fprintf(stderr, "WSAStartup failed\n");
+        return 2;
+    }
+    real_query = sn_afd_ws_query;
+    setup_listener();
+    RUN(test_base_plain);
+    RUN(test_base_lsp_answers_itself);
+    RUN(test_base_two_layers);
+    RUN(test_base_hidden);
+    RUN(test_base_cycle);
+    RUN(test_base_wine);
+    RUN(test_polyfill_through_lsp);
+    RUN(test_select_allocates_once);
+    RUN(test_busy_select_allocates_once);
+    RUN(test_threads_share_buffers);
+    RUN(test_buffer_out_of_memory);
+    closesocket(listener);
+    WSACleanup();
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures == 0 ? 0 : 1;
+}
