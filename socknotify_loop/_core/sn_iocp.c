@@ -31,13 +31,23 @@
  *     the port closes; SN_AFD_COMPLETION_KEY marks the polyfill's internal
  *     packets, which it consumes before they reach us.
  *   - PSN applies the batch and waits in one kernel transition, so a
- *     registration the kernel refuses cannot shorten that wait. Refusals
- *     are made rare instead: the selector asks sn_port_check() (is it an
- *     open socket?) at register() time, and the port layer refuses bad
- *     arguments before the call. What remains is a socket closed between
- *     register() and the next select; its failure is reported when the
- *     call returns. (The polyfill, which applies before it waits, turns
- *     its wait into a poll when a registration failed.)
+ *     registration the kernel refuses cannot shorten that wait, and the
+ *     kernel refuses more than bad handles: sockets of layered providers,
+ *     sockets tied to another completion port. The selector asks
+ *     sn_port_check() (is it an open socket?) at register() time and the
+ *     port layer refuses bad arguments before the call; a batch that
+ *     registers a new socket is applied in a call of its own before the
+ *     wait, and a socket the OS refuses while it is still open is served
+ *     by the polyfill on the same port (see "Refusals" below). What
+ *     remains is a socket closed between register() and the next select;
+ *     its failure is reported when the call returns. (The polyfill, which
+ *     applies before it waits, turns its wait into a poll when a
+ *     registration failed.)
+ *   - One kernel key per socket until its REMOVE event is dequeued, and a
+ *     call that fails applies nothing: the backends say so to the port
+ *     layer (SN_CAP_KEY_FIXED, SN_RESULT_UNAPPLIED), which keeps every
+ *     record accordingly; the strict backend (sn_model.c) enforces both
+ *     in tests.
  *   - PSN's and our structures have the same field order but not the same
  *     types (a SOCKET and a PVOID against two uint64_t on x64, and our
  *     result field is .result, theirs .registrationResult): every field is

@@ -32,6 +32,31 @@
  *     nothing queued under the old key may reach the new one;
  *   - an OP_ENABLE fails (the kernel's view of the socket is then unknown).
  *
+ * One kernel key per socket (SN_CAP_KEY_FIXED: the completion-port
+ * backends). ProcessSocketNotifications keeps a socket's first completion
+ * key until the REMOVE event of its registration has been dequeued ("to
+ * change completion keys, deregister the notification, wait for the
+ * SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). A new kernel
+ * key before that would be ignored by the kernel, every later packet would
+ * carry the old one and be dropped as stale: a deaf socket. So there:
+ *   - a quiet REMOVE keeps its record (REMOVING) until the REMOVE event;
+ *   - an ENABLE of a REMOVING record waits in it (reborn) and goes to the
+ *     kernel under a new generation once the event is dequeued (or at once
+ *     if the REMOVE failed: the socket was closed); the ENABLEs that waited
+ *     go out with the next kernel call (sn__prepare_deferred), within the
+ *     same sn_port_process() when its wait dequeued the event;
+ *   - an ENABLE of a LIVE record with another caller key (re-key, or a
+ *     value reused after a silent closesocket(): the port cannot tell) is
+ *     a quiet REMOVE whose ENABLE waits the same way;
+ *   - nothing but the REMOVE event is reported for a REMOVING record, and
+ *     nothing at all for a DISABLEd one ("notifications that have already
+ *     been queued might still be delivered": not to our caller);
+ *   - a call that failed as a whole (SN_RESULT_UNAPPLIED: "the entire
+ *     operation failed, and no changes occurred") puts every record back
+ *     as it was, re-arms and waiting ENABLEs included;
+ *   - close() REMOVEs every live registration first, so that a socket
+ *     outliving the port is not left tied to it.
+ *
  * A failed caller ENABLE never leaves the call blocked: the backends turn
  * the wait into a poll when one failed, so the caller hears of the failure
  * now rather than whenever some other event ends the wait. (A failed
