@@ -260,7 +260,9 @@ class Port:
     """A notification port: one completion port (Windows) or epoll (Linux).
 
     ``backend`` is ``'epoll'``, ``'psn'`` (the OS's ProcessSocketNotifications),
-    ``'afd'`` (the IOCTL_AFD_POLL polyfill), or None for the environment
+    ``'afd'`` (the IOCTL_AFD_POLL polyfill), ``'strict'`` (for tests: the
+    strict model of ProcessSocketNotifications, never chosen unless named),
+    or None for the environment
     variable ``SOCKNOTIFY_BACKEND`` or else the best one available. Asking
     for a backend this machine lacks raises :class:`OSError` with the reason.
 
@@ -339,7 +341,10 @@ class Port:
         on afd), ``changes`` (epoll_ctl), ``wakes``/``drains`` (eventfd or
         PostQueuedCompletionStatus), and on afd the polyfill's own
         NtDeviceIoControlFile polls, NtCancelIoFileEx cancels,
-        GetQueuedCompletionStatusEx dequeues and posted packets."""
+        GetQueuedCompletionStatusEx dequeues and posted packets; on psn and
+        strict, ``fallbacks``: registrations the port's own function refused
+        for a socket still open, which the polyfill took over on the same
+        port."""
         out = ffi.new("uint64_t[]", len(COUNTER_NAMES))
         n = lib.sn_port_counters(self._handle, out, len(COUNTER_NAMES))
         return {COUNTER_NAMES[i]: int(out[i]) for i in range(n)}
