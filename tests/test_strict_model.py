@@ -116,14 +116,35 @@ def test_model_fails_a_whole_call_and_changes_nothing():
 
 def test_model_refuses_a_chosen_socket():
     a, b = nonblocking_pair()
-    with a, b, probe.RawPort("strict") as raw:
-        with Port("strict") as port:
-            refuse(port, a)
+    with a, b, probe.RawPort("strict") as raw, Port("strict") as port:
+        refuse(port, a)
         try:
             rc, results, _ = raw.call([(a, 1, EVENT_IN, 1, ONESHOT)], 0, 0)
             assert rc == 0 and results == [WSAEOPNOTSUPP]
         finally:
-            lib.sn_model_control(port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+            control(port, lib.SN_MODEL_REFUSE, a, 0)
+        rc, results, _ = raw.call([(a, 1, EVENT_IN, 1, ONESHOT)], 0, 0)
+        assert rc == 0 and results == [0]
+
+
+def test_model_refusal_ends_with_the_socket():
+    """A refused socket closed, its handle value reused: the new socket is
+    not refused (the model tells them apart, as the OS would)."""
+    a, b = nonblocking_pair()
+    with Port("strict") as port:
+        refuse(port, a)
+        old = a.fileno()
+        a.close()
+        b.close()
+        for _ in range(20):
+            c, d = nonblocking_pair()
+            with c, d:
+                if old in (c.fileno(), d.fileno()):
+                    reused = c if c.fileno() == old else d
+                    port.process([Registration(reused, 1, EVENT_IN)], timeout=0)
+                    assert port.counters()["fallbacks"] == 0
+                    return
+        pytest.skip("the OS never reused the handle value")
 
 
 def test_probe_os_command_under_wine_runs_the_model():

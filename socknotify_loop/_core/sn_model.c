@@ -115,7 +115,9 @@ static SRWLOCK model__lock = SRWLOCK_INIT;
 static model_reg_t *model__table[MODEL_BUCKETS];
 static model_port_t *model__ports;
 static uint32_t model__serials;
-static SOCKET model__refused[MODEL_REFUSED_MAX];
+/* Sockets a test told the model to refuse, with their fingerprint: a
+   value reused by another socket after closesocket() is not refused. */
+static model_reg_t model__refused[MODEL_REFUSED_MAX];
 static uint32_t model__refused_count;
 
 static uint32_t model__bucket(SOCKET s) {
@@ -198,11 +200,28 @@ static int model__same_socket(const model_reg_t *r) {
     return name_len == r->name_len && memcmp(&name, &r->name, (size_t)name_len) == 0;
 }
 
+static int model__same_socket(const model_reg_t *r);
+
+static void model__unrefuse(SOCKET s) {
+    uint32_t i;
+    for (i = 0; i < model__refused_count; i++) {
+        if (model__refused[i].socket == s) {
+            model__refused[i] = model__refused[--model__refused_count];
+            return;
+        }
+    }
+}
+
 static int model__is_refused(SOCKET s) {
     uint32_t i;
-    for (i = 0; i < model__refused_count; i++)
-        if (model__refused[i] == s)
+    for (i = 0; i < model__refused_count; i++) {
+        if (model__refused[i].socket != s)
+            continue;
+        if (model__same_socket(&model__refused[i]))
             return 1;
+        model__unrefuse(s);     /* closed, and the value reused */
+        return 0;
+    }
     return 0;
 }
 
@@ -549,21 +568,19 @@ int64_t sn_model_control_port(HANDLE iocp, int what, uint64_t socket, int64_t va
     int64_t answer = 0;
     model_port_t *mp;
     model_reg_t *r;
-    uint32_t i;
     AcquireSRWLockExclusive(&model__lock);
     switch (what) {
     case SN_MODEL_REFUSE:
-        for (i = 0; i < model__refused_count; i++) {
-            if (model__refused[i] == (SOCKET)socket) {
-                model__refused[i] = model__refused[--model__refused_count];
-                break;
-            }
-        }
+        model__unrefuse((SOCKET)socket);
         if (value) {
-            if (model__refused_count == MODEL_REFUSED_MAX)
+            if (model__refused_count == MODEL_REFUSED_MAX) {
                 answer = -(int64_t)ERROR_NOT_ENOUGH_MEMORY;
-            else
-                model__refused[model__refused_count++] = (SOCKET)socket;
+            } else {
+                model_reg_t *r = &model__refused[model__refused_count++];
+                memset(r, 0, sizeof *r);
+                r->socket = (SOCKET)socket;
+                model__fingerprint(r->socket, &r->name, &r->name_len, &r->type);
+            }
         }
         break;
     case SN_MODEL_FAIL_CALLS:
