@@ -374,16 +374,23 @@ class NotifySelector(selectors.BaseSelector):
             free = self._free
             slot = free[-1] if free else len(keys)
             pending = self._pending
-            if (pending and pending[-1].op == OP_REMOVE and pending[-1].key == slot
-                    and pending[-1].fd == fd):
+            taken_back = self._take_back(fd) if pending and not at_once else None
+            if taken_back is not None:
                 # Unregistered and registered again before the next select
                 # (what asyncio's sock_recv does: its reader goes in a done
                 # callback, the next sock_recv adds it back): the port still
                 # has the registration, so the pair is one modification of
-                # it. On AFD a poll still in flight then keeps serving
-                # instead of being cancelled and made again.
-                pending[-1] = _new_change(
-                    Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
+                # it, under its old slot. A new slot would be a new
+                # completion key for a live socket, which Windows does not
+                # allow before the REMOVE event ("deregister, wait for
+                # SOCK_NOTIFY_EVENT_REMOVE, re-register"): the port would
+                # have to REMOVE, hold the ENABLE back, and on AFD cancel
+                # and remake the poll. The slot leaves the released list,
+                # so it goes back to this descriptor only.
+                slot = taken_back
+                pending.append(_new_change(
+                    Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)))
+                free.append(slot)     # taken below, as a free slot is
                 known_to_port = True
             else:
                 known_to_port = at_once
@@ -470,6 +477,23 @@ class NotifySelector(selectors.BaseSelector):
             self._records[fd] = _new_record(_Record, (key, slot))
             self._keys[slot] = key
         return key
+
+    def _take_back(self, fd: int) -> int | None:
+        """If the last queued change of ``fd`` is its REMOVE: take that
+        REMOVE out of the queue and its slot out of the released list, and
+        return the slot (``_lock`` held; completion-port backends)."""
+        pending = self._pending
+        for i in range(len(pending) - 1, -1, -1):
+            change = pending[i]
+            if change.fd != fd:
+                continue
+            if change.op != OP_REMOVE:
+                return None
+            slot: int = change.key
+            del pending[i]
+            self._released.remove(slot)
+            return slot
+        return None
 
     def _drop_pending(self, slot: int) -> None:
         """Forget the queued changes of ``slot`` (``_lock`` held)."""
