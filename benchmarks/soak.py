@@ -12,9 +12,32 @@ reset (SO_LINGER 0), and start over until the time is up. At the end every
 socket is closed and the process's descriptors (Linux: /proc/self/fd;
 Windows: GetProcessHandleCount) and resident memory are measured again.
 
+``--child-holds-copies`` (Linux): every socket the run connects or
+accepts is sent (``socket.send_fds`` over a Unix socket) to a helper child
+process that keeps the copy until the end, as a forked child would: each
+close of the loop's then leaves the file open elsewhere, so an epoll item
+the loop failed to remove before closing would outlive its descriptor (an
+orphan). A close does nothing on the wire while a copy lives, so in this
+mode every session ends with ``shutdown(SHUT_WR)`` before its close or
+abort (a "reset" session still aborts its transport, but its peer sees a
+FIN), and the server answers the EOF with its own before closing its
+side: the client's socket, closed by then, becomes readable behind the
+loop's back. Half of the client
+sessions then use the loop's socket calls instead of a stream
+(``sock_connect``, ``sock_sendall``, ``sock_recv``) and close the socket
+right after the last ``sock_recv``: the order in which a removal that
+reaches the kernel too late leaves an orphan. A child holds as many
+copies as its RLIMIT_NOFILE allows; further ones go to a new child. After
+the run, with every copy still held and nothing registered, the loop
+waits one idle second: it must make at most 10 waits and use under 0.2 s
+of CPU. The children's count of copies received must equal the count
+sent.
+
 Prints one JSON line (for scripts) and a short table. Exit status 1 if a
-byte was wrong, an unexpected error occurred, or descriptors leaked. It
-imports the installed package: install it first (``pip install .``).
+byte was wrong, an unexpected error occurred, descriptors leaked, or (with
+``--child-holds-copies``) a copy went missing or the idle second was not
+idle. It imports the installed package: install it first
+(``pip install .``).
 """
 from __future__ import annotations
 
@@ -26,6 +49,7 @@ import os
 import random
 import socket
 import struct
+import subprocess
 import sys
 import time
 
@@ -34,6 +58,10 @@ import socknotify_loop
 WINDOWS = sys.platform == "win32"
 CONNECT_CONCURRENCY = 256       # connects in flight at once (the listen backlog's share)
 MAX_CHUNK = 16384
+# What an idle second may cost (the reliability tests' bound): asyncio's own
+# loop makes one wait and uses well under 10 ms of CPU.
+IDLE_WAITS_LIMIT = 10
+IDLE_CPU_LIMIT = 0.2
 
 
 # -- process figures ------------------------------------------------------------
@@ -95,6 +123,90 @@ def raise_descriptor_limit(wanted: int) -> int:
     return soft
 
 
+# -- copies held by child processes (--child-holds-copies) ------------------------
+
+# The helper child: raises its descriptor limit to the hard one, says how
+# many it may hold, keeps every descriptor it receives until its control
+# socket closes, then says how many it received.
+_HOLDER = r"""
+import resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+ctl = socket.socket(fileno=int(sys.argv[1]))
+ctl.sendall(b"%d" % hard)
+held, truncated = [], 0
+while True:
+    msg, fds, flags, _ = socket.recv_fds(ctl, 16, 64)
+    held.extend(fds)
+    truncated += bool(flags & socket.MSG_CTRUNC)
+    if not msg:
+        break
+ctl.sendall(b"%d %d" % (len(held), truncated))
+"""
+
+
+class _Holder:
+    """One child process holding copies of descriptors."""
+
+    def __init__(self) -> None:
+        self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.child = subprocess.Popen([sys.executable, "-S", "-I", "-c", _HOLDER,
+                                           str(theirs.fileno())], pass_fds=[theirs.fileno()])
+        finally:
+            theirs.close()
+        self.ctl.settimeout(30)
+        # Its own descriptors (three standard ones, the control socket)
+        # and a margin.
+        self.room = int(self.ctl.recv(64)) - 16
+        self.sent = 0
+
+    def finish(self) -> tuple[int, int]:
+        """(copies received, messages whose descriptors were cut off)."""
+        self.ctl.send(b"")      # an empty message: the end
+        received, truncated = (int(n) for n in self.ctl.recv(64).split())
+        self.ctl.close()
+        self.child.wait(30)
+        return received, truncated
+
+
+class CopyHolders:
+    """Children holding a copy of every socket passed to :meth:`hold`, as
+    many children as their descriptor limits need."""
+
+    def __init__(self) -> None:
+        self.holders: list[_Holder] = []
+        self.sent = 0
+
+    def hold(self, sock) -> None:
+        if not self.holders or self.holders[-1].sent >= self.holders[-1].room:
+            self.holders.append(_Holder())
+        holder = self.holders[-1]
+        # The kernel takes its reference to the file in sendmsg: the copy
+        # exists from here on, whatever the loop closes next.
+        socket.send_fds(holder.ctl, [b"c"], [sock.fileno()])
+        holder.sent += 1
+        self.sent += 1
+
+    def finish(self) -> tuple[int, int]:
+        """Ends every child: (copies they received, truncated messages)."""
+        received = truncated = 0
+        for holder in self.holders:
+            got, cut = holder.finish()
+            received += got
+            truncated += cut
+        return received, truncated
+
+
+def idle_second(loop) -> tuple[int, float]:
+    """(waits, CPU seconds) the loop spends on one idle second."""
+    port = loop._selector.port
+    waits = port.counters()["waits"]
+    cpu = time.process_time()
+    loop.run_until_complete(asyncio.sleep(1.0))
+    return port.counters()["waits"] - waits, time.process_time() - cpu
+
+
 # -- the run ----------------------------------------------------------------------
 
 
@@ -119,15 +231,25 @@ class Stats:
 
 
 class Echo(asyncio.Protocol):
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: Stats, holders: CopyHolders | None) -> None:
         self.stats = stats
+        self.holders = holders
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.stats.served += 1
+        if self.holders is not None:
+            self.holders.hold(transport.get_extra_info("socket"))
 
     def data_received(self, data: bytes) -> None:
         self.transport.write(data)
+
+    def eof_received(self) -> None:
+        if self.holders is not None:
+            # Its close would send nothing (the child's copy lives): the
+            # client's socket, closed by now, sees EOF -- readable, with
+            # nobody left to read it.
+            self.transport.write_eof()
 
     def connection_lost(self, exc) -> None:
         if exc is not None:
@@ -136,7 +258,7 @@ class Echo(asyncio.Protocol):
 
 
 async def session(address, stats: Stats, rng: random.Random, connect_gate, deadline,
-                  pause: float) -> None:
+                  pause: float, holders: CopyHolders | None) -> None:
     async with connect_gate:
         try:
             reader, writer = await asyncio.open_connection(*address)
@@ -146,6 +268,8 @@ async def session(address, stats: Stats, rng: random.Random, connect_gate, deadl
                 stats.error_samples.append(f"connect: {exc!r}")
             await asyncio.sleep(0.05)
             return
+    if holders is not None:
+        holders.hold(writer.get_extra_info("socket"))
     stats.open_now += 1
     stats.peak_open = max(stats.peak_open, stats.open_now)
     reset = rng.random() < 0.5
@@ -168,6 +292,15 @@ async def session(address, stats: Stats, rng: random.Random, connect_gate, deadl
         stats.error("echo", exc)
     finally:
         stats.open_now -= 1
+        if holders is not None:
+            # A close does nothing on the wire while the child's copy
+            # lives: say the end explicitly.
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
         if reset:
             sock = writer.get_extra_info("socket")
             if sock is not None:
@@ -182,20 +315,76 @@ async def session(address, stats: Stats, rng: random.Random, connect_gate, deadl
                 pass
 
 
-async def client(address, stats, seed, connect_gate, deadline, pause) -> None:
+async def sock_session(address, stats: Stats, rng: random.Random, connect_gate, deadline,
+                       pause: float, holders: CopyHolders) -> None:
+    """A session on the loop's socket calls, ending with
+    ``data = await loop.sock_recv(s, n); s.close()`` (after a shutdown: a
+    child holds a copy)."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setblocking(False)
+    async with connect_gate:
+        try:
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            stats.connect_failures += 1
+            if len(stats.error_samples) < 10:
+                stats.error_samples.append(f"sock_connect: {exc!r}")
+            await asyncio.sleep(0.05)
+            return
+    holders.hold(sock)
+    stats.open_now += 1
+    stats.peak_open = max(stats.peak_open, stats.open_now)
+    try:
+        for _ in range(rng.randint(1, 4)):
+            payload = rng.randbytes(rng.randint(1, MAX_CHUNK))
+            await loop.sock_sendall(sock, payload)
+            echoed = bytearray()
+            while len(echoed) < len(payload):
+                data = await loop.sock_recv(sock, len(payload) - len(echoed))
+                if not data:
+                    raise ConnectionError("EOF before the whole echo")
+                echoed += data
+            if echoed != payload:
+                stats.mismatches += 1
+            else:
+                stats.bytes_verified += len(payload)
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(rng.uniform(0, pause))
+        stats.sessions += 1
+    except (ConnectionError, OSError) as exc:
+        stats.error("sock echo", exc)
+    finally:
+        stats.open_now -= 1
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        sock.close()
+
+
+async def client(address, stats, seed, connect_gate, deadline, pause, holders) -> None:
     rng = random.Random(seed)
     while time.monotonic() < deadline:
-        await session(address, stats, rng, connect_gate, deadline, pause)
+        if holders is not None and rng.random() < 0.5:
+            await sock_session(address, stats, rng, connect_gate, deadline, pause, holders)
+        else:
+            await session(address, stats, rng, connect_gate, deadline, pause, holders)
 
 
-async def soak(seconds: float, connections: int, seed: int, pause: float = 1.0) -> Stats:
+async def soak(seconds: float, connections: int, seed: int, pause: float = 1.0,
+               holders: CopyHolders | None = None) -> Stats:
     loop = asyncio.get_running_loop()
     stats = Stats()
-    server = await loop.create_server(lambda: Echo(stats), "127.0.0.1", 0, backlog=4096)
+    server = await loop.create_server(lambda: Echo(stats, holders), "127.0.0.1", 0,
+                                      backlog=4096)
     address = server.sockets[0].getsockname()[:2]
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
     deadline = time.monotonic() + seconds
-    tasks = [asyncio.ensure_future(client(address, stats, seed + n, gate, deadline, pause))
+    tasks = [asyncio.ensure_future(client(address, stats, seed + n, gate, deadline, pause,
+                                          holders))
              for n in range(connections)]
     try:
         done = await asyncio.gather(*tasks, return_exceptions=True)
@@ -219,7 +408,13 @@ def main(argv=None) -> int:
     parser.add_argument("--pause", type=float, default=1.0,
                         help="longest idle pause between a connection's rounds, s "
                              "(longer pauses keep more connections open at once)")
+    parser.add_argument("--child-holds-copies", action="store_true",
+                        help="Linux: child processes hold a copy of every connected and "
+                             "accepted socket for the whole run; then check that the loop "
+                             "stays idle")
     options = parser.parse_args(argv)
+    if options.child_holds_copies and WINDOWS:
+        parser.error("--child-holds-copies needs POSIX descriptor passing (Linux)")
 
     connections = options.connections
     # Two descriptors per connection (both ends live here) plus headroom.
@@ -231,15 +426,25 @@ def main(argv=None) -> int:
 
     gc.collect()
     fds_before, rss_before = open_descriptors(), resident_bytes()
+    holders = CopyHolders() if options.child_holds_copies else None
     loop = socknotify_loop.new_event_loop()
     backend = loop.backend
     started = time.monotonic()
+    idle_waits, idle_cpu = None, None
+    copies_received = copies_truncated = 0
     try:
-        stats = loop.run_until_complete(soak(options.seconds, connections, options.seed,
-                                             options.pause))
+        try:
+            stats = loop.run_until_complete(soak(options.seconds, connections, options.seed,
+                                                 options.pause, holders))
+            elapsed = time.monotonic() - started
+            if holders is not None:
+                # Every copy still held, nothing registered: one idle second.
+                idle_waits, idle_cpu = idle_second(loop)
+        finally:
+            loop.close()
     finally:
-        loop.close()
-    elapsed = time.monotonic() - started
+        if holders is not None:
+            copies_received, copies_truncated = holders.finish()
     gc.collect()
     fds_after, rss_after = open_descriptors(), resident_bytes()
 
@@ -255,6 +460,13 @@ def main(argv=None) -> int:
         "rss_before": rss_before, "rss_after": rss_after,
         "error_samples": stats.error_samples, "note": note,
     }
+    if holders is not None:
+        result.update({
+            "child_holds_copies": True, "holder_children": len(holders.holders),
+            "copies_sent": holders.sent, "copies_received": copies_received,
+            "copies_truncated": copies_truncated,
+            "idle_second_waits": idle_waits, "idle_second_cpu": round(idle_cpu, 4),
+        })
     print(json.dumps(result))
     rows = [
         ("backend", backend), ("seconds", f"{elapsed:.1f}"),
@@ -268,6 +480,12 @@ def main(argv=None) -> int:
         ("descriptors before / after", f"{fds_before} / {fds_after}"),
         ("RSS before / after (MiB)", f"{rss_before / 2**20:.1f} / {rss_after / 2**20:.1f}"),
     ]
+    if holders is not None:
+        rows += [
+            ("copies held by children (sent / received)",
+             f"{holders.sent:,} / {copies_received:,} in {len(holders.holders)} child(ren)"),
+            ("idle second: waits / CPU", f"{idle_waits} / {idle_cpu * 1000:.1f} ms"),
+        ]
     if note:
         rows.append(("note", note))
     width = max(len(name) for name, _ in rows)
@@ -275,6 +493,9 @@ def main(argv=None) -> int:
         print(f"{name:<{width}}  {value}")
     leaked = fds_after - fds_before
     failed = stats.mismatches or stats.errors or leaked > 0
+    if holders is not None:
+        failed = (failed or copies_received != holders.sent or copies_truncated
+                  or idle_waits > IDLE_WAITS_LIMIT or idle_cpu >= IDLE_CPU_LIMIT)
     return 1 if failed else 0
 
 

@@ -372,36 +372,47 @@ class NotifySelector(selectors.BaseSelector):
                     raise self._port.change_error(code)
             keys = self._keys
             free = self._free
-            slot = free[-1] if free else len(keys)
+            key = SelectorKey(fileobj, fd, events, data)
             pending = self._pending
             taken_back = self._take_back(fd) if pending and not at_once else None
             if taken_back is not None:
                 # Unregistered and registered again before the next select
                 # (what asyncio's sock_recv does: its reader goes in a done
-                # callback, the next sock_recv adds it back): the port still
-                # has the registration, so the pair is one modification of
-                # it, under its old slot. A new slot would be a new
-                # completion key for a live socket, which Windows does not
-                # allow before the REMOVE event ("deregister, wait for
-                # SOCK_NOTIFY_EVENT_REMOVE, re-register"): the port would
-                # have to REMOVE, hold the ENABLE back, and on AFD cancel
-                # and remake the poll. The slot leaves the released list,
-                # so it goes back to this descriptor only.
+                # callback, the next sock_recv adds it back), wherever its
+                # REMOVE sits in the queue (unregister a, unregister b,
+                # register a): the port still has the registration, so the
+                # pair is one modification of it, under its slot. A new
+                # slot would be a new completion key for a live socket,
+                # which Windows does not allow before the REMOVE event
+                # ("deregister, wait for SOCK_NOTIFY_EVENT_REMOVE, and then
+                # re-register"): the port would REMOVE, hold the ENABLE back
+                # for the event, and on AFD cancel and remake the poll. An
+                # answer in flight naming the slot names this descriptor.
                 slot = taken_back
+                keys[slot] = key
                 pending.append(_new_change(
                     Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)))
-                free.append(slot)     # taken below, as a free slot is
                 known_to_port = True
             else:
+                # The key takes its slot before the port hears of it: on
+                # epoll the item is in the kernel as soon as _change
+                # returns, and a select running in another thread may
+                # report it at once and read the slot (without the lock)
+                # before this thread is back.
+                if free:
+                    slot = free.pop()
+                    keys[slot] = key
+                else:
+                    slot = len(keys)
+                    keys.append(key)
                 known_to_port = at_once
-                # Raises before anything is recorded.
-                self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-            key = SelectorKey(fileobj, fd, events, data)
-            if slot < len(keys):     # taken from the free stack
-                free.pop()
-                keys[slot] = key
-            else:
-                keys.append(key)
+                try:
+                    self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
+                except BaseException:
+                    # Refused: nothing is recorded, the slot is free again.
+                    keys[slot] = None
+                    free.append(slot)
+                    raise
             records[fd] = _new_record(_Record, (key, slot))
             if not known_to_port:
                 self._unsent.add(slot)
@@ -487,9 +498,9 @@ class NotifySelector(selectors.BaseSelector):
             change = pending[i]
             if change.fd != fd:
                 continue
-            if change.op != OP_REMOVE:
-                return None
             slot: int = change.key
+            if change.op != OP_REMOVE or slot not in self._released:
+                return None
             del pending[i]
             self._released.remove(slot)
             return slot
@@ -597,8 +608,11 @@ class NotifySelector(selectors.BaseSelector):
         finally:
             self._select_token.append(token)
         keys = self._keys
-        return [(key, mask) for slot, mask in zip(values[::2], values[1::2])
-                if (key := keys[slot]) is not None]
+        # Masked with the key read now, as EpollSelector does: the port
+        # limited the mask to the registration's events at the wait, and a
+        # modify() in another thread may have changed them since.
+        return [(key, ready) for slot, mask in zip(values[::2], values[1::2])
+                if (key := keys[slot]) is not None and (ready := mask & key.events)]
 
     def _wait_again(self, wait_ms: int, deadline: float | None) -> int:
         """A signal cut the wait short and its Python handler did not raise:

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import errno
 import os
-import resource
 import select
 import selectors
 import shutil
@@ -38,6 +37,9 @@ from _platform import LINUX
 
 from socknotify_loop import Loop
 from socknotify_loop.selector import WAKEUP_KEY, NotifySelector
+
+if LINUX:
+    import resource  # POSIX only; the tests that use it are Linux's
 
 READ = selectors.EVENT_READ
 WRITE = selectors.EVENT_WRITE
@@ -561,3 +563,58 @@ def test_refused_select_loses_nothing(backend):
         sel.close()
         for s in (x, px, y, py):
             s.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_select_in_another_thread_reports_whole_keys(backend):
+    """While one thread selects without pause, another registers sockets
+    that are ready at once and flips a writable socket between READ and
+    READ|WRITE. On epoll a new item is in the kernel as soon as register()
+    has called epoll_ctl, so the select may report it before the
+    registering thread is back: its key must already be in place (a select
+    once met an IndexError there). And every report is within its key's
+    events, as EpollSelector's are (it masks with the key it reads): a
+    modify() between the wait and the reading of the key once made READ
+    keys come out writable."""
+    sel = NotifySelector(backend)
+    stop = threading.Event()
+    outside, errors = [], []
+    flipped, flipped_peer = pair()
+    sel.register(flipped, READ, "flipped")
+
+    def selecting():
+        try:
+            while not stop.is_set():
+                for key, mask in sel.select(0.001):
+                    if not mask or mask & ~key.events:
+                        outside.append((key.data, key.events, mask))
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=selecting)
+    thread.start()
+    opened = []
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline and thread.is_alive():
+            fresh = [pair() for _ in range(4)]
+            opened.extend(fresh)
+            for s, peer in fresh:
+                peer.send(b"ready")
+                sel.register(s, READ | WRITE, "fresh")
+            for _ in range(20):
+                sel.modify(flipped, READ | WRITE, "flipped")
+                sel.modify(flipped, READ, "flipped")
+            for s, peer in fresh:
+                sel.unregister(s)
+                s.close()
+                peer.close()
+    finally:
+        stop.set()
+        thread.join(10)
+        sel.close()
+        for s, peer in opened + [(flipped, flipped_peer)]:
+            s.close()
+            peer.close()
+    assert not errors, errors
+    assert not outside, f"{len(outside)} reports outside their key's events: {outside[:5]}"
