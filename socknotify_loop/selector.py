@@ -374,7 +374,14 @@ class NotifySelector(selectors.BaseSelector):
             free = self._free
             key = SelectorKey(fileobj, fd, events, data)
             pending = self._pending
-            taken_back = self._take_back(fd) if pending and not at_once else None
+            # Not while another thread selects: an answer in flight naming
+            # the slot (a readiness, or the failure of a change it carried)
+            # is about the old registration, and the number may now name
+            # another socket (closed and reused at once). The port then
+            # gets a REMOVE and an ENABLE under a new slot, and holds the
+            # ENABLE back until the REMOVE event: correct, only dearer.
+            taken_back = (self._take_back(fd)
+                          if pending and not at_once and self._select_token else None)
             if taken_back is not None:
                 # Unregistered and registered again before the next select
                 # (what asyncio's sock_recv does: its reader goes in a done
@@ -386,8 +393,7 @@ class NotifySelector(selectors.BaseSelector):
                 # which Windows does not allow before the REMOVE event
                 # ("deregister, wait for SOCK_NOTIFY_EVENT_REMOVE, and then
                 # re-register"): the port would REMOVE, hold the ENABLE back
-                # for the event, and on AFD cancel and remake the poll. An
-                # answer in flight naming the slot names this descriptor.
+                # for the event, and on AFD cancel and remake the poll.
                 slot = taken_back
                 keys[slot] = key
                 pending.append(_new_change(
