@@ -5,7 +5,33 @@ import sys
 import sysconfig
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+NO_COMPILER = """\
+socknotify_loop: its C core could not be compiled: building it from source
+needs a C compiler. On Windows, install Microsoft's "Build Tools for Visual
+Studio" with the "Desktop development with C++" workload (the MSVC compiler
+and a Windows SDK) and open a new terminal; on Linux, gcc and the Python
+headers (Debian/Ubuntu: apt-get install build-essential python3-dev). Or
+install a wheel, which needs no compiler: on Windows the
+socknotify_loop-*-cp39-abi3-win_amd64.whl that the project's Windows wheel
+workflow publishes as a build artifact (pip install <that file>). The
+compiler's error: {reason}"""
+
+
+class build_ext_explained(build_ext):
+    """build_ext whose compiler failures end in one paragraph saying what
+    is missing and how to get it, instead of pip's bare "Failed building
+    wheel" after a compiler traceback."""
+
+    def run(self):
+        try:
+            super().run()
+        except (CCompilerError, ExecError, PlatformError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise SystemExit(NO_COMPILER.format(reason=reason)) from exc
 
 
 class build_py_without_builder(build_py):
@@ -31,6 +57,6 @@ if (platform.python_implementation() == "CPython"
 
 setup(
     cffi_modules=["socknotify_loop/_build.py:ffibuilder"],
-    cmdclass={"build_py": build_py_without_builder},
+    cmdclass={"build_py": build_py_without_builder, "build_ext": build_ext_explained},
     options=options,
 )

@@ -27,6 +27,18 @@ FAILED_STYLE = {"marker": "x", "linestyle": "none", "markersize": 9, "markeredge
                 "clip_on": False, "zorder": 5}
 
 
+def distinct_colours(count: int) -> list:
+    """``count`` colours no two of which are alike: tab10's ten, then the
+    twenty of tab20b and tab20c (cycling tab10 alone gave a plot with eleven
+    system calls two pairs of same-coloured bars)."""
+    palette = ([plt.cm.tab10(i) for i in range(10)]
+               + [plt.cm.tab20b(i) for i in range(0, 20, 2)]
+               + [plt.cm.tab20c(i) for i in range(0, 20, 2)])
+    if count > len(palette):
+        raise ValueError(f"{count} series, but only {len(palette)} distinct colours")
+    return palette[:count]
+
+
 def _mark_failed(ax, x: float, colour) -> None:
     """A loop that failed a case: an x on the axis and the word, where its
     bar would be, so a failure is not mistaken for a missing loop."""
@@ -168,7 +180,7 @@ def syscall_plot(section: dict, path: str) -> bool:
             for name, _ in sorted(result.get("calls", {}).items(), key=lambda kv: -kv[1])[:5]:
                 if name not in names:
                     names.append(name)
-    colours = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names + ["other"])}
+    colours = dict(zip(names + ["other"], distinct_colours(len(names) + 1)))
     fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4), squeeze=False)
     legend: Dict[str, object] = {}
     any_failed = False
@@ -291,7 +303,10 @@ def render(results: dict, img_dir: str) -> dict:
     images: Dict[str, object] = {"ratios": {}, "calls": {}}
     for name, reference, title in (
             ("linux", "asyncio", "Linux: rate relative to asyncio's default loop"),
-            ("wine", "proactor", "Wine: rate relative to ProactorEventLoop"),
+            ("wine", "proactor", "Wine: rate relative to ProactorEventLoop -- ranks loops "
+                                 "inside Wine only, no proxy for Windows timings\n(every "
+                                 "socket call goes through wineserver; AFD polls cost most "
+                                 "there)"),
             ("windows", "proactor", "Windows: rate relative to ProactorEventLoop")):
         section = results.get(name)
         if section and any(section.get("summary", {}).values()):

@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from .loop import Loop
     from .selector import NotifySelector
 
-# In the API reference's order (tools/apidoc.py follows it).
+# In the API reference's order (docs/api.md follows it).
 __all__ = [
     "Loop", "new_event_loop", "run", "NotifySelector", "Port", "Registration",
     "backend_info",

@@ -4,6 +4,7 @@
 
     python -m socknotify_loop script.py [args...]
     python -m socknotify_loop -m package.module [args...]
+    python -m socknotify_loop -c "code" [args...]
     python -m socknotify_loop --info
     python -m socknotify_loop --probe-os
 
@@ -45,17 +46,32 @@ stays out of reach):
   ``asyncio.SelectorEventLoop`` or, on Windows, ``asyncio.ProactorEventLoop``
   as uvicorn's loop factory (0.36+), or install the Windows policies
   (earlier versions).
+- uvloop and winloop, when the program imports them: their ``Loop`` class
+  becomes a stand-in as well (an import hook puts it in place as the package
+  is imported), so ``new_event_loop()``, ``EventLoopPolicy``, ``install()``,
+  ``run()`` and uvicorn's ``--loop auto`` (which picks uvloop whenever it is
+  installed) make a Loop; see :class:`_OtherLoopStandIn`. A program's own
+  subclass of their ``Loop`` stays theirs, and one line on stderr says so.
 - ``multiprocessing`` children started by spawn or forkserver (uvicorn's
   ``--workers`` and ``--reload``) repeat this setup: see
   :func:`_cover_child_processes`. Forked children inherit it.
+
+The program's uncaught exception is reported as Python reports it (through
+``sys.excepthook``, status 1; SIGINT for a KeyboardInterrupt) with the
+launcher's and runpy's frames left out of the traceback. A mistake on the
+command line is one line saying what and one with a hint, status 2.
 """
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import platform
 import runpy
+import signal
 import sys
+import types
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ._backends import ENVIRONMENT_VARIABLE, backend_from_environment
@@ -65,14 +81,17 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
 
 __all__ = ["describe_environment", "main", "use_socknotify_loop"]
 
-USAGE = """\
-usage: python -m socknotify_loop [--info] [--probe-os] [-h] [--version]
-                                 (script.py | -m module) [args ...]
+USAGE_LINE = ("usage: python -m socknotify_loop [--info] [--probe-os] [-h] [--version] "
+              "(script.py | -m module | -c command) [args ...]")
+HINT = "hint: `python -m socknotify_loop --help` lists the options"
+
+USAGE = USAGE_LINE + """
 
 Run an asyncio program unchanged on socknotify_loop.
 
   script.py [args]   run a script as __main__ (like `python script.py`)
   -m module [args]   run a module as __main__ (like `python -m module`)
+  -c command [args]  run a string of Python code (like `python -c command`)
   --info             print the notification backend in use and why, the OS
                      build and the Python version, then exit (status 1 if
                      no loop can be made here)
@@ -90,19 +109,20 @@ The program gets a socknotify_loop Loop from:
   loop factory, asyncio.get_event_loop();
   asyncio.SelectorEventLoop(), asyncio.ProactorEventLoop() (Windows) and
   asyncio.EventLoop() (3.13+) called without a selector/proactor, also as
-  a loop_factory (uvicorn --loop auto|asyncio|none, auto only without
-  uvloop installed);
+  a loop_factory (uvicorn --loop asyncio|none, and auto without uvloop);
   the policies DefaultEventLoopPolicy, WindowsSelectorEventLoopPolicy and
   WindowsProactorEventLoopPolicy;
+  uvloop and winloop: their Loop, new_event_loop(), install(),
+  EventLoopPolicy and run() (uvicorn --loop auto|uvloop|winloop);
   all of these in multiprocessing children too (uvicorn --workers/--reload).
 isinstance(loop, asyncio.SelectorEventLoop) is true for it and
 isinstance(loop, asyncio.ProactorEventLoop) false.
 
 Not covered (the program keeps the loop it asks for):
-  uvloop, winloop or any other loop package the program imports itself
-  (uvicorn --loop auto picks uvloop when it is installed; --loop uvloop);
-  a program's own subclass of asyncio.SelectorEventLoop, ProactorEventLoop
-  or BaseEventLoop (it stays a subclass of asyncio's class);
+  any other loop package (tokio, rloop, ...);
+  a program's own subclass of asyncio.SelectorEventLoop, ProactorEventLoop,
+  BaseEventLoop (it stays a subclass of asyncio's class) or of uvloop.Loop /
+  winloop.Loop (one line on stderr says that class runs on uvloop/winloop);
   SelectorEventLoop(selector) / ProactorEventLoop(proactor) given one
   explicitly; asyncio's private classes (_UnixSelectorEventLoop, ...);
   a policy or loop_factory of another package; a Python started with
@@ -227,6 +247,91 @@ def _install_stand_ins() -> None:
                 value._loop_factory = stand_ins[factory]  # type: ignore[attr-defined]
 
 
+# -- uvloop and winloop: their loop class is a stand-in too ----------------------------
+
+# Loop packages built like uvloop: a module-level ``Loop`` class that
+# ``new_event_loop()``, ``EventLoopPolicy``, ``install()`` and ``run()`` all
+# reach through the module's global name (uvloop's and winloop's
+# __init__.py), which uvicorn's ``--loop auto|uvloop|winloop`` call.
+_OTHER_LOOP_PACKAGES = ("uvloop", "winloop")
+
+
+class _OtherLoopStandIn(_StandIn):
+    """``uvloop.Loop`` / ``winloop.Loop`` under the launcher: calling it
+    makes a socknotify_loop Loop, and ``isinstance(loop, uvloop.Loop)`` is
+    true for one (``uvloop.run`` refuses a loop that fails that check).
+    A class statement subclassing it gets the package's own class, as
+    with asyncio's; that loop runs on the other package, which one line on
+    stderr says when the class is defined."""
+
+    def __instancecheck__(self, instance: Any) -> bool:
+        from .loop import Loop
+        return isinstance(instance, (self._socknotify_stock, Loop))
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        stock = self._socknotify_stock
+        sys.stderr.write(f"socknotify_loop: a class subclassing {stock.__module__}.Loop "
+                         f"runs on {stock.__module__.split('.')[0]}, not on socknotify_loop\n")
+        return (stock,)
+
+
+def _take_over(module: Any) -> None:
+    """Put the stand-in in place of ``module.Loop`` (idempotent)."""
+    stock = vars(module).get("Loop")
+    if isinstance(stock, type) and type(stock) is not _OtherLoopStandIn:  # type: ignore[comparison-overlap]
+        module.Loop = _OtherLoopStandIn(stock, "")
+
+
+class _TakeOverLoader:
+    """Wraps the loader of uvloop/winloop: runs the package, then
+    :func:`_take_over`. Anything else is the wrapped loader's."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        _take_over(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _OtherLoopFinder:
+    """First on ``sys.meta_path``: finds uvloop and winloop through the
+    other finders and hands their spec back with a :class:`_TakeOverLoader`,
+    so the stand-in is in place before any code can read ``Loop``."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _OTHER_LOOP_PACKAGES:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if isinstance(finder, _OtherLoopFinder) or find_spec is None:
+                continue
+            spec = find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _TakeOverLoader(spec.loader)
+                return spec
+        return None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _take_over_other_loops() -> None:
+    """uvloop and winloop, imported now or later, make our loops. Idempotent."""
+    for name in _OTHER_LOOP_PACKAGES:
+        if name in sys.modules:
+            _take_over(sys.modules[name])
+    if not any(isinstance(finder, _OtherLoopFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _OtherLoopFinder())
+
+
 def use_socknotify_loop() -> None:
     """Make asyncio create :class:`socknotify_loop.Loop` loops by default
     and for the loop classes and policies a program names itself (see the
@@ -240,6 +345,7 @@ def use_socknotify_loop() -> None:
     # before the name becomes a stand-in.
     loop_class()
     _install_stand_ins()
+    _take_over_other_loops()
     if sys.version_info < (3, 14):
         asyncio.set_event_loop_policy(event_loop_policy_class()())
         return
@@ -421,19 +527,89 @@ def _run_module(module: str, args: list[str]) -> int:
     return 0
 
 
+def _run_command(command: str, args: list[str]) -> None:
+    # As `python -c command` does: argv[0] is "-c", the current directory
+    # ("") first on sys.path, and the code runs in a fresh __main__ module.
+    sys.argv[:] = ["-c", *args]
+    sys.path[0] = ""
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__["__builtins__"] = builtins
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main_module
+    try:
+        exec(compile(command, "<string>", "exec"), main_module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 def _refuse(problem: str) -> int:
     sys.stderr.write(f"socknotify_loop: cannot run the program: {problem}\n")
     return 1
+
+
+def _usage_error(message: str) -> int:
+    """A command-line mistake: one line saying what, one with the way out."""
+    sys.stderr.write(f"socknotify_loop: {message}\n{HINT}\n")
+    return 2
+
+
+def _program_frames(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its leading frames in this module and in runpy: what
+    `python script.py` would show for the same exception."""
+    # By module name: runpy is frozen on Python 3.11+ ("<frozen runpy>").
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in ("runpy", __name__):
+        tb = tb.tb_next
+    return tb
+
+
+def _report_uncaught(exc: BaseException) -> int:
+    """What Python does with an exception nobody caught, but with the
+    launcher's own frames left out of the traceback: ``sys.excepthook``
+    (which a program may have replaced), then status 1; a
+    KeyboardInterrupt ends the process by SIGINT, as Python's does, so
+    the parent shell sees the interruption."""
+    exc = exc.with_traceback(_program_frames(exc.__traceback__))
+    sys.excepthook(type(exc), exc, exc.__traceback__)
+    if isinstance(exc, KeyboardInterrupt):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if sys.platform == "win32":
+            return 0xC000013A   # STATUS_CONTROL_C_EXIT, Python's status on Windows
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 128 + signal.SIGINT  # not reached: SIGINT's default action ends us
+    return 1
+
+
+def _launch(run: Callable[[], Any]) -> int:
+    """Set the loop up, then ``run`` the program; its SystemExit
+    propagates, as it would without the launcher."""
+    problem = _backend_problem()
+    if problem:
+        return _refuse(problem)
+    _cover_child_processes()
+    use_socknotify_loop()
+    try:
+        status = run()
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        return _report_uncaught(exc)
+    return status if isinstance(status, int) else 0
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     """The command line; returns the exit status (the program's own
     ``SystemExit`` propagates, as it would without the launcher)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        out.write(USAGE)
-        return 0 if args else 2
+    if not args:
+        sys.stderr.write(f"{USAGE_LINE}\n{HINT}\n")
+        return 2
     first = args[0]
+    if first in ("-h", "--help"):
+        out.write(USAGE)
+        return 0
     if first == "--info":
         lines, usable = _describe()
         out.write("\n".join(lines) + "\n")
@@ -447,26 +623,17 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
         return 0
     if first == "-m":
         if len(args) < 2:
-            sys.stderr.write("socknotify_loop: -m needs a module name\n" + USAGE)
-            return 2
-        problem = _backend_problem()
-        if problem:
-            return _refuse(problem)
-        _cover_child_processes()
-        use_socknotify_loop()
-        return _run_module(args[1], args[2:])
+            return _usage_error("-m needs a module name (python -m socknotify_loop -m module)")
+        return _launch(lambda: _run_module(args[1], args[2:]))
+    if first == "-c":
+        if len(args) < 2:
+            return _usage_error("-c needs a command (python -m socknotify_loop -c 'code')")
+        return _launch(lambda: _run_command(args[1], args[2:]))
     if first.startswith("-"):
-        sys.stderr.write(f"socknotify_loop: unknown option {first}\n" + USAGE)
-        return 2
+        return _usage_error(f"unknown option {first}")
     if not os.path.exists(first):
         # What `python no_such_file.py` prints, with the same status.
         sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(first)!r}: "
                          f"[Errno {errno.ENOENT}] {os.strerror(errno.ENOENT)}\n")
         return 2
-    problem = _backend_problem()
-    if problem:
-        return _refuse(problem)
-    _cover_child_processes()
-    use_socknotify_loop()
-    _run_script(first, args[1:])
-    return 0
+    return _launch(lambda: _run_script(first, args[1:]))

@@ -47,10 +47,17 @@ __all__ = [
     "TRIGGER_ONESHOT", "TRIGGER_PERSISTENT", "TRIGGER_LEVEL", "TRIGGER_EDGE",
 ]
 
+#: ``SOCK_NOTIFY_EVENT_IN``: readable (data, end of stream, or a
+#: connection to accept).
 EVENT_IN: int = lib.SN_EVENT_IN
+#: ``SOCK_NOTIFY_EVENT_OUT``: writable.
 EVENT_OUT: int = lib.SN_EVENT_OUT
+#: ``SOCK_NOTIFY_EVENT_HANGUP``: the connection is closed or reset.
 EVENT_HANGUP: int = lib.SN_EVENT_HANGUP
+#: ``SOCK_NOTIFY_EVENT_ERR``: the socket has an error pending.
 EVENT_ERR: int = lib.SN_EVENT_ERR
+#: ``SOCK_NOTIFY_EVENT_REMOVE``: the registration is gone (the last
+#: notification a key receives after :data:`OP_REMOVE`).
 EVENT_REMOVE: int = lib.SN_EVENT_REMOVE
 #: Not a socket event: an overlapped I/O completion on the port (Windows);
 #: the notification's key is the OVERLAPPED's address.
@@ -58,14 +65,23 @@ EVENT_IO: int = lib.SN_EVENT_IO
 #: The completion key to associate overlapped handles with a port under.
 IO_COMPLETION_KEY: int = lib.sn_io_completion_key()
 
+#: ``SOCK_NOTIFY_OP_NONE``: change nothing.
 OP_NONE: int = lib.SN_OP_NONE
+#: ``SOCK_NOTIFY_OP_ENABLE``: register, or re-arm, with the given events.
 OP_ENABLE: int = lib.SN_OP_ENABLE
+#: ``SOCK_NOTIFY_OP_DISABLE``: stop notifying, keep the registration.
 OP_DISABLE: int = lib.SN_OP_DISABLE
+#: ``SOCK_NOTIFY_OP_REMOVE``: remove the registration (answered by
+#: :data:`EVENT_REMOVE`).
 OP_REMOVE: int = lib.SN_OP_REMOVE
 
+#: ``SOCK_NOTIFY_TRIGGER_ONESHOT``: disabled after one notification.
 TRIGGER_ONESHOT: int = lib.SN_TRIGGER_ONESHOT
+#: ``SOCK_NOTIFY_TRIGGER_PERSISTENT``: stays enabled.
 TRIGGER_PERSISTENT: int = lib.SN_TRIGGER_PERSISTENT
+#: ``SOCK_NOTIFY_TRIGGER_LEVEL``: notifies while the condition holds.
 TRIGGER_LEVEL: int = lib.SN_TRIGGER_LEVEL
+#: ``SOCK_NOTIFY_TRIGGER_EDGE``: notifies when the condition arises.
 TRIGGER_EDGE: int = lib.SN_TRIGGER_EDGE
 
 _FILTER_EVENTS = EVENT_IN | EVENT_OUT | EVENT_HANGUP

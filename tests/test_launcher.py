@@ -110,9 +110,117 @@ def test_exit_status_and_exceptions_propagate(tmp_path):
 
 def test_usage_errors(tmp_path):
     assert launch("no_such_script.py", cwd=str(tmp_path), check=False).returncode == 2
-    assert launch("-m", cwd=str(tmp_path), check=False).returncode == 2
-    assert launch("--bogus", cwd=str(tmp_path), check=False).returncode == 2
-    assert "usage:" in launch("--help", cwd=str(tmp_path)).stdout
+    help_text = launch("--help", cwd=str(tmp_path))
+    assert help_text.stdout.startswith("usage:") and help_text.stderr == ""
+    # A mistake is one line saying what, and one line with the way out;
+    # nothing on stdout, status 2.
+    for args, what in ((["-m"], "-m needs a module name"), (["-c"], "-c needs a command"),
+                       (["--bogus", "x.py"], "unknown option --bogus")):
+        result = launch(*args, cwd=str(tmp_path), check=False)
+        assert (result.returncode, result.stdout) == (2, ""), result
+        lines = result.stderr.splitlines()
+        assert len(lines) == 2, result.stderr
+        assert lines[0].startswith(f"socknotify_loop: {what}")
+        assert lines[1] == "hint: `python -m socknotify_loop --help` lists the options"
+
+
+def test_no_arguments_prints_the_usage_line_on_stderr(tmp_path):
+    result = launch(cwd=str(tmp_path), check=False)
+    assert (result.returncode, result.stdout) == (2, "")
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("usage: python -m socknotify_loop ") and "-c command" in lines[0]
+    assert lines[1:] == ["hint: `python -m socknotify_loop --help` lists the options"]
+
+
+def test_command_runs_on_our_loop(tmp_path):
+    """`-c` as `python -c`: argv[0] "-c", the rest passed on, __main__."""
+    out = parse(launch("-c", PROBE, "one", "--two", cwd=str(tmp_path)).stdout)
+    assert out["run"] == out["new_event_loop"] == OURS
+    assert out["argv"] == "['one', '--two']"
+    assert out["name"] == "__main__"
+    command = "import sys; print('path0', repr(sys.path[0])); print('argv0', sys.argv[0])"
+    out = parse(launch("-c", command, cwd=str(tmp_path)).stdout)
+    assert out == {"path0": "''", "argv0": "-c"}
+
+
+RAISES = textwrap.dedent("""\
+    def inner():
+        raise LookupError("boom")
+
+    inner()
+    """)
+
+
+def plain_python(*args: str, cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_traceback_is_the_programs_own(tmp_path):
+    """An uncaught exception prints the traceback `python script.py` and
+    `python -c` print: none of the launcher's or runpy's frames."""
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    result = launch(str(script), cwd=str(tmp_path), check=False)
+    expected = plain_python(str(script), cwd=str(tmp_path))
+    assert expected.returncode == 1 and "LookupError: boom" in expected.stderr
+    assert result.returncode == 1
+    assert "launcher.py" not in result.stderr and "runpy" not in result.stderr, result.stderr
+    if sys.implementation.name == "cpython":
+        assert result.stderr == expected.stderr
+    # -c: the same frames and error (whether the "<string>" source lines
+    # are shown differs between Python versions).
+    result = launch("-c", RAISES, cwd=str(tmp_path), check=False)
+    expected = plain_python("-c", RAISES, cwd=str(tmp_path))
+
+    def frames_and_error(stderr: str) -> list:
+        lines = stderr.splitlines()
+        return [line for line in lines if line.startswith("  File ")] + lines[-1:]
+
+    assert result.returncode == expected.returncode == 1
+    assert frames_and_error(result.stderr) == frames_and_error(expected.stderr)
+    assert frames_and_error(result.stderr)[0] == '  File "<string>", line 4, in <module>'
+    # -m: python's own traceback starts in runpy; ours starts in the module.
+    result = launch("-m", "raises", cwd=str(tmp_path), check=False)
+    assert result.returncode == 1
+    frames = [line for line in result.stderr.splitlines() if line.startswith("  File ")]
+    assert len(frames) == 2 and all(str(script) in frame for frame in frames), result.stderr
+    assert result.stderr.endswith("LookupError: boom\n")
+
+
+def test_traceback_goes_through_the_programs_excepthook(tmp_path):
+    script = tmp_path / "hooked.py"
+    script.write_text("import sys\n"
+                      "sys.excepthook = lambda t, e, tb: print('hooked', t.__name__, "
+                      "tb.tb_frame.f_code.co_filename == __file__)\n" + RAISES)
+    result = launch(str(script), cwd=str(tmp_path), check=False)
+    assert result.returncode == 1
+    assert parse(result.stdout) == {"hooked": "LookupError True"}
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signal status")
+@pytest.mark.skipif(sys.implementation.name != "cpython",
+                    reason="CPython's way of ending on KeyboardInterrupt (by SIGINT) is compared")
+def test_keyboard_interrupt_ends_like_python(tmp_path):
+    """An uncaught KeyboardInterrupt: the trimmed traceback, and the
+    process ends by SIGINT as `python script.py` does (status -2 here)."""
+    script = tmp_path / "interrupted.py"
+    script.write_text("raise KeyboardInterrupt\n")
+    result = launch(str(script), cwd=str(tmp_path), check=False)
+    expected = plain_python(str(script), cwd=str(tmp_path))
+    assert expected.returncode == -2
+    assert (result.returncode, result.stderr) == (expected.returncode, expected.stderr)
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython",
+                    reason="compared with CPython's own report of a script's SyntaxError")
+def test_syntax_error_reported_like_python(tmp_path):
+    script = tmp_path / "bad_syntax.py"
+    script.write_text("def broken(:\n    pass\n")
+    result = launch(str(script), cwd=str(tmp_path), check=False)
+    expected = plain_python(str(script), cwd=str(tmp_path))
+    assert (result.returncode, result.stderr) == (expected.returncode, expected.stderr)
+    assert "Traceback" not in result.stderr
 
 
 def test_info(tmp_path):
@@ -352,11 +460,14 @@ def http_get(port: int, deadline: float) -> bytes:
             time.sleep(0.1)
 
 
-@pytest.mark.parametrize("loop_option", ["auto", "asyncio", "none"])
+@pytest.mark.parametrize("loop_option", ["auto", "asyncio", "none", "uvloop"])
 def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
+    """Every --loop choice serves on our loop, uvloop's too: `auto` picks
+    uvloop whenever it is installed (uvicorn[standard] brings it), and the
+    launcher's uvloop makes our loops."""
     pytest.importorskip("uvicorn")
-    if loop_option == "auto" and importlib.util.find_spec("uvloop") is not None:
-        pytest.skip("uvloop is installed: uvicorn --loop auto picks it (not covered)")
+    if loop_option == "uvloop":
+        need_uvloop()
     (tmp_path / "app.py").write_text(APP)
     port = free_port()
     env = child_env()
@@ -376,6 +487,112 @@ def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
     assert response.startswith(b"HTTP/1.1 200"), (response, stderr)
     assert response.split(b"\r\n\r\n", 1)[1].decode() == OURS, stderr
     assert server.returncode == 0, stderr
+
+
+# -- uvloop and winloop --------------------------------------------------------------------
+
+def need_uvloop() -> None:
+    """uvloop is in the test requirements where it installs (CPython, not
+    Windows); elsewhere its tests skip, naming why."""
+    if importlib.util.find_spec("uvloop") is None:
+        if sys.platform == "win32" or sys.implementation.name != "cpython":
+            pytest.skip("uvloop exists for CPython on Linux and macOS only")
+        pytest.fail("uvloop is not installed (it is in the test requirements)")
+
+
+OTHER_LOOP_PROBE = """\
+    import {package}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # install(): 3.12+
+        {package}.install()
+    print("installed", asyncio.run(running_type()))
+    report("new_event_loop", {package}.new_event_loop())
+    report("Loop", {package}.Loop())
+    report("policy", {package}.EventLoopPolicy().new_event_loop())
+    print("run", {package}.run(running_type()))
+    loop = {package}.new_event_loop()
+    print("isinstance", isinstance(loop, {package}.Loop))
+    loop.close()
+
+    class Own({package}.Loop):
+        pass
+
+    report("subclass", Own())
+    """
+
+
+def test_uvloop_makes_our_loop(tmp_path):
+    """uvloop's entry points (what `uvicorn --loop auto|uvloop` and
+    programs call) make our loop under the launcher; a program's own
+    subclass of uvloop.Loop stays on uvloop, and stderr says so in one line."""
+    need_uvloop()
+    script = tmp_path / "probe.py"
+    script.write_text(LOOP_TYPE + textwrap.dedent(OTHER_LOOP_PROBE.format(package="uvloop")))
+    result = launch(str(script), cwd=str(tmp_path))
+    out = parse(result.stdout)
+    for route in ("installed", "new_event_loop", "Loop", "policy", "run"):
+        assert out[route] == OURS, (route, out)
+    assert out["isinstance"] == "True"
+    assert out["subclass"] == "__main__.Own"
+    assert result.stderr == ("socknotify_loop: a class subclassing uvloop.Loop runs on "
+                             "uvloop, not on socknotify_loop\n")
+    # The control: without the launcher the same program runs on uvloop.
+    plain = parse(plain_python(str(script), cwd=str(tmp_path)).stdout)
+    assert plain["installed"] == plain["run"] == "uvloop.Loop"
+
+
+# winloop exists for Windows only; this stands in for it on every platform,
+# laid out as winloop's __init__.py is (a module-level Loop class reached
+# by new_event_loop, EventLoopPolicy, install and run through the global name).
+FAKE_WINLOOP = """\
+import asyncio
+from asyncio.events import BaseDefaultEventLoopPolicy
+
+
+class Loop(asyncio.SelectorEventLoop):
+    pass
+
+
+def new_event_loop():
+    return Loop()
+
+
+def install():
+    asyncio.set_event_loop_policy(EventLoopPolicy())
+
+
+def run(main, *, loop_factory=new_event_loop):
+    async def wrapper():
+        if not isinstance(asyncio.get_running_loop(), Loop):
+            raise TypeError("winloop.run() uses a non-winloop event loop")
+        return await main
+    loop = loop_factory()
+    try:
+        return loop.run_until_complete(wrapper())
+    finally:
+        loop.close()
+
+
+class EventLoopPolicy(BaseDefaultEventLoopPolicy):
+    def _loop_factory(self):
+        return new_event_loop()
+"""
+
+
+def test_winloop_makes_our_loop(tmp_path):
+    if importlib.util.find_spec("winloop") is None:
+        (tmp_path / "winloop.py").write_text(FAKE_WINLOOP)
+    script = tmp_path / "probe.py"
+    script.write_text(LOOP_TYPE + textwrap.dedent(OTHER_LOOP_PROBE.format(package="winloop")))
+    result = launch(str(script), cwd=str(tmp_path))
+    out = parse(result.stdout)
+    for route in ("installed", "new_event_loop", "Loop", "policy", "run"):
+        assert out[route] == OURS, (route, out)
+    assert out["isinstance"] == "True"
+    assert out["subclass"] == "__main__.Own"
+    assert result.stderr.splitlines() == [
+        "socknotify_loop: a class subclassing winloop.Loop runs on winloop, "
+        "not on socknotify_loop"]
 
 
 # -- launcher faults -----------------------------------------------------------------------

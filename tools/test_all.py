@@ -80,8 +80,25 @@ def main():
         bins = [os.path.join(root, "versions", v, "bin") for v in versions]
         env["PATH"] = os.pathsep.join(bins + [env.get("PATH", "")])
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return subprocess.call([sys.executable, "-m", "tox", "-c", here, *sys.argv[1:]], env=env)
+    tox = subprocess.Popen([sys.executable, "-m", "tox", "-c", here, *sys.argv[1:]], env=env)
+    try:
+        return tox.wait()
+    except KeyboardInterrupt:
+        # Ctrl+C reached tox too (same terminal): let it stop its own
+        # environments' processes, then say so in one line.
+        try:
+            tox.wait(timeout=60)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            tox.kill()
+            tox.wait()
+        print("\ntools/test_all.py: interrupted; one environment runs alone with "
+              "`python tools/test_all.py -e py311`", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:   # during the installs before tox starts
+        print("\ntools/test_all.py: interrupted", file=sys.stderr)
+        sys.exit(130)
