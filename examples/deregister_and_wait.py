@@ -17,7 +17,7 @@ The program shows:
      socket deregisters it silently) and no REMOVE ever comes. A closed
      socket object has no fileno, so its old descriptor number is passed.
 
-    python examples/deregister_and_wait.py [--backend auto|psn|afd|epoll]
+    python examples/deregister_and_wait.py [--backend auto|psn|afd|epoll|strict]
 
 Exit status: 0 when both behaved as described, 1 otherwise.
 """
@@ -117,7 +117,8 @@ def remove_closed_socket(port):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="auto", choices=["auto", "psn", "afd", "epoll"])
+    parser.add_argument("--backend", default="auto",
+                        choices=["auto", "psn", "afd", "epoll", "strict"])
     args = parser.parse_args(argv)
     try:
         with Port(None if args.backend == "auto" else args.backend) as port:

@@ -14,7 +14,7 @@ then so the receive buffer cannot overflow; the server checks it got each
 one exactly once. As in the sample, the registration is removed (and its
 REMOVE awaited) before the socket is closed.
 
-    python examples/edge_udp_server.py [--backend auto|psn|afd|epoll] [--count N]
+    python examples/edge_udp_server.py [--backend auto|psn|afd|epoll|strict] [--count N]
 
 Exit status: 0 when all N datagrams arrived; 3 when the backend has no
 edge-triggered mode (the 'afd' polyfill); 1 on any other failure.
@@ -138,7 +138,8 @@ def run(backend, count):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="auto", choices=["auto", "psn", "afd", "epoll"])
+    parser.add_argument("--backend", default="auto",
+                        choices=["auto", "psn", "afd", "epoll", "strict"])
     parser.add_argument("--count", type=int, default=200, help="datagrams to send")
     args = parser.parse_args(argv)
     try:

@@ -14,7 +14,7 @@ get the detailed error the way the sample does, from a non-blocking recv
 socket is removed and its REMOVE notification awaited, as the sample does
 before closing.
 
-    python examples/poll_replacement.py [--backend auto|psn|afd|epoll] [--reset]
+    python examples/poll_replacement.py [--backend auto|psn|afd|epoll|strict] [--reset]
 
 --reset makes the client abort the connection (RST) instead of sending: the
 program then reports the connection error and exits 1, which shows the ERR
@@ -153,7 +153,8 @@ def run(backend, reset):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="auto", choices=["auto", "psn", "afd", "epoll"])
+    parser.add_argument("--backend", default="auto",
+                        choices=["auto", "psn", "afd", "epoll", "strict"])
     parser.add_argument("--reset", action="store_true", help="client aborts with a reset")
     args = parser.parse_args(argv)
     try:

@@ -23,7 +23,7 @@ returns, so the packet is relayed from thread to thread until all are gone.
 The driver connects 100 clients (threads), each sending 10 messages and
 checking every echoed byte, then prints one summary line.
 
-    python examples/threaded_tcp_server.py [--backend auto|psn|afd|epoll]
+    python examples/threaded_tcp_server.py [--backend auto|psn|afd|epoll|strict]
                                            [--threads 4] [--clients 100] [--messages 10]
 
 Exit status: 0 only if every byte was echoed intact and no context is left.
@@ -308,7 +308,8 @@ def run(backend, threads, clients, messages):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="auto", choices=["auto", "psn", "afd", "epoll"])
+    parser.add_argument("--backend", default="auto",
+                        choices=["auto", "psn", "afd", "epoll", "strict"])
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--messages", type=int, default=10)

@@ -14,7 +14,9 @@ __all__ = ["BACKEND_NAMES", "ENVIRONMENT_VARIABLE", "parse_backend_name",
 
 #: Every backend the C core knows. (Which one is preferred where several
 #: are available is decided in one place, the C core's backend table.)
-BACKEND_NAMES: Tuple[str, ...] = ("psn", "afd", "epoll")
+#: ``strict`` is the strict model of ProcessSocketNotifications for tests
+#: (Windows only, never chosen unless named).
+BACKEND_NAMES: Tuple[str, ...] = ("psn", "afd", "epoll", "strict")
 
 #: The environment variable that forces a backend.
 ENVIRONMENT_VARIABLE = "SOCKNOTIFY_BACKEND"

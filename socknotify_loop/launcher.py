@@ -6,6 +6,7 @@
     python -m socknotify_loop -m package.module [args...]
     python -m socknotify_loop -c "code" [args...]
     python -m socknotify_loop --info
+    python -m socknotify_loop --probe-os
 
 The program is run with :mod:`runpy` as ``__main__`` with ``sys.argv`` and
 ``sys.path[0]`` set as ``python script.py`` / ``python -m module`` would set
@@ -80,7 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
 
 __all__ = ["describe_environment", "main", "use_socknotify_loop"]
 
-USAGE_LINE = ("usage: python -m socknotify_loop [--info] [-h] [--version] "
+USAGE_LINE = ("usage: python -m socknotify_loop [--info] [--probe-os] [-h] [--version] "
               "(script.py | -m module | -c command) [args ...]")
 HINT = "hint: `python -m socknotify_loop --help` lists the options"
 
@@ -94,6 +95,13 @@ Run an asyncio program unchanged on socknotify_loop.
   --info             print the notification backend in use and why, the OS
                      build and the Python version, then exit (status 1 if
                      no loop can be made here)
+  --probe-os         Windows: ask the OS's ProcessSocketNotifications the
+                     questions its documentation leaves open (key change
+                     without REMOVE, delivery after DISABLE, a socket of
+                     another port, a port closed with live registrations,
+                     edge without draining) and print its answers beside
+                     the strict model's; where the OS lacks the function
+                     (Wine, Windows 10), the model's only
   --version          print socknotify_loop's version and exit
 
 The program gets a socknotify_loop Loop from:
@@ -606,6 +614,9 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
         lines, usable = _describe()
         out.write("\n".join(lines) + "\n")
         return 0 if usable else 1
+    if first == "--probe-os":
+        from .probe import main as probe_main
+        return probe_main(out)
     if first == "--version":
         from . import __version__
         out.write(f"socknotify_loop {__version__}\n")

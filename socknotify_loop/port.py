@@ -89,11 +89,12 @@ _ALL_TRIGGERS = TRIGGER_ONESHOT | TRIGGER_PERSISTENT | TRIGGER_LEVEL | TRIGGER_E
 _OPS = (OP_NONE, OP_ENABLE, OP_DISABLE, OP_REMOVE)
 _MAX_KEY = (1 << 64) - 1
 
-_BACKENDS = {"epoll": lib.SN_BACKEND_EPOLL, "psn": lib.SN_BACKEND_PSN, "afd": lib.SN_BACKEND_AFD}
+_BACKENDS = {"epoll": lib.SN_BACKEND_EPOLL, "psn": lib.SN_BACKEND_PSN, "afd": lib.SN_BACKEND_AFD,
+             "strict": lib.SN_BACKEND_STRICT}
 
 #: Names of the kernel-call counters, in the core's order (SN_COUNT_*).
 COUNTER_NAMES = ("waits", "changes", "wakes", "drains",
-                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts")
+                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "fallbacks")
 assert len(COUNTER_NAMES) == lib.SN_COUNTERS
 
 
@@ -275,7 +276,9 @@ class Port:
     """A notification port: one completion port (Windows) or epoll (Linux).
 
     ``backend`` is ``'epoll'``, ``'psn'`` (the OS's ProcessSocketNotifications),
-    ``'afd'`` (the IOCTL_AFD_POLL polyfill), or None for the environment
+    ``'afd'`` (the IOCTL_AFD_POLL polyfill), ``'strict'`` (for tests: the
+    strict model of ProcessSocketNotifications, never chosen unless named),
+    or None for the environment
     variable ``SOCKNOTIFY_BACKEND`` or else the best one available. Asking
     for a backend this machine lacks raises :class:`OSError` with the reason.
 
@@ -354,7 +357,10 @@ class Port:
         on afd), ``changes`` (epoll_ctl), ``wakes``/``drains`` (eventfd or
         PostQueuedCompletionStatus), and on afd the polyfill's own
         NtDeviceIoControlFile polls, NtCancelIoFileEx cancels,
-        GetQueuedCompletionStatusEx dequeues and posted packets."""
+        GetQueuedCompletionStatusEx dequeues and posted packets; on psn and
+        strict, ``fallbacks``: registrations the port's own function refused
+        for a socket still open, which the polyfill took over on the same
+        port."""
         out = ffi.new("uint64_t[]", len(COUNTER_NAMES))
         n = lib.sn_port_counters(self._handle, out, len(COUNTER_NAMES))
         return {COUNTER_NAMES[i]: int(out[i]) for i in range(n)}
@@ -531,6 +537,15 @@ class Port:
             fd, key, events, op, trigger, result = unpack_from(buffer, offset)
             results.append((Change(fd, key, events, op, trigger), result))
         return results
+
+    def unapplied_select_changes(self, code: int) -> List[Change]:
+        """After a select that answered ``-code``: the changes it carried
+        that the port did not apply because the call failed as a whole
+        (their result is ``code``); none for a select that carried no
+        changes, or failed before taking them."""
+        count = lib.sn_port_select_changes(self._handle)
+        return [change for change, result in self.bound_change_results(count)
+                if result == code]
 
     def change_error(self, code: int) -> Exception:
         """The exception for a change refused with ``code``: ValueError on

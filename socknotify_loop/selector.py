@@ -383,20 +383,30 @@ class NotifySelector(selectors.BaseSelector):
             free = self._free
             key = SelectorKey(fileobj, fd, events, data)
             pending = self._pending
-            released = self._released
-            if (pending and pending[-1].op == OP_REMOVE and pending[-1].fd == fd
-                    and released and released[-1] == pending[-1].key):
+            # Not while another thread selects: an answer in flight naming
+            # the slot (a readiness, or the failure of a change it carried)
+            # is about the old registration, and the number may now name
+            # another socket (closed and reused at once). The port then
+            # gets a REMOVE and an ENABLE under a new slot, and holds the
+            # ENABLE back until the REMOVE event: correct, only dearer.
+            taken_back = (self._take_back(fd)
+                          if pending and not at_once and self._select_token else None)
+            if taken_back is not None:
                 # Unregistered and registered again before the next select
                 # (what asyncio's sock_recv does: its reader goes in a done
-                # callback, the next sock_recv adds it back): the port still
-                # has the registration, so the pair is one modification of
-                # it, under its slot. On AFD a poll still in flight then
-                # keeps serving instead of being cancelled and made again.
-                # An answer in flight naming the slot names this descriptor.
-                slot = released.pop()
+                # callback, the next sock_recv adds it back), wherever its
+                # REMOVE sits in the queue (unregister a, unregister b,
+                # register a): the port still has the registration, so the
+                # pair is one modification of it, under its slot. A new
+                # slot would be a new completion key for a live socket,
+                # which Windows does not allow before the REMOVE event
+                # ("deregister, wait for SOCK_NOTIFY_EVENT_REMOVE, and then
+                # re-register"): the port would REMOVE, hold the ENABLE back
+                # for the event, and on AFD cancel and remake the poll.
+                slot = taken_back
                 keys[slot] = key
-                pending[-1] = _new_change(
-                    Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
+                pending.append(_new_change(
+                    Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)))
                 known_to_port = True
             else:
                 # The key takes its slot before the port hears of it: on
@@ -494,6 +504,23 @@ class NotifySelector(selectors.BaseSelector):
             self._keys[slot] = key
         return key
 
+    def _take_back(self, fd: int) -> int | None:
+        """If the last queued change of ``fd`` is its REMOVE: take that
+        REMOVE out of the queue and its slot out of the released list, and
+        return the slot (``_lock`` held; completion-port backends)."""
+        pending = self._pending
+        for i in range(len(pending) - 1, -1, -1):
+            change = pending[i]
+            if change.fd != fd:
+                continue
+            slot: int = change.key
+            if change.op != OP_REMOVE or slot not in self._released:
+                return None
+            del pending[i]
+            self._released.remove(slot)
+            return slot
+        return None
+
     def _drop_pending(self, slot: int) -> None:
         """Forget the queued changes of ``slot`` (``_lock`` held)."""
         self._pending[:] = [c for c in self._pending if c.key != slot]
@@ -541,10 +568,21 @@ class NotifySelector(selectors.BaseSelector):
 
     def _raise_for(self, got: int) -> None:
         """Raise the exception for a negative select answer; nothing for
-        an interrupted wait (the signal handler runs when Python resumes)."""
+        an interrupted wait (the signal handler runs when Python resumes).
+
+        A select that failed as a whole applied none of the changes it
+        carried ("the entire operation failed, and no changes occurred"):
+        they go back to the front of the queue for the next select, before
+        what other threads queued meanwhile, so nothing is lost."""
         error = self._port.select_error(-got)
-        if error is not None:
-            raise error
+        if error is None:
+            return
+        # Only a select that ran (not one refused as busy or closed).
+        again = self._port.unapplied_select_changes(-got) if isinstance(error, OSError) else []
+        if again:
+            with self._lock:
+                self._pending[:0] = again
+        raise error
 
     def _wait(self, wait_ms: float) -> int:
         """Apply queued changes and re-arms, wait, and return how many

@@ -136,6 +136,11 @@ static DWORD afd__check_trigger(UINT8 trigger) {
     if (persistence == (SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_PERSISTENT) ||
         kind == (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE))
         return ERROR_INVALID_PARAMETER;
+    /* ENABLE needs a trigger: "one of SOCK_NOTIFY_TRIGGER_LEVEL or
+       SOCK_NOTIFY_TRIGGER_EDGE must be supplied" (ONESHOT or PERSISTENT
+       alone is invalid). */
+    if (kind == 0)
+        return ERROR_INVALID_PARAMETER;
     /* Level snapshots cannot make edges: see the essay at the top. */
     if (kind == SOCK_NOTIFY_TRIGGER_EDGE)
         return ERROR_NOT_SUPPORTED;
@@ -227,6 +232,42 @@ static DWORD afd__apply(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
     }
 }
 
+/* ------------------------------------------------------- the translation */
+
+/* Our packets among `got` dequeued entries, turned into notifications in
+   place (entry j yields at most one entry n <= j); the others untouched.
+   Lock held. */
+static ULONG afd__translate(afd_port_t *ap, OVERLAPPED_ENTRY *entries, ULONG got) {
+    ULONG j, n = 0;
+    for (j = 0; j < got; j++) {
+        OVERLAPPED_ENTRY *entry = &entries[j];
+        if (entry->lpCompletionKey == SN_AFD_COMPLETION_KEY) {
+            afd_sock_t *sock = AFD_SOCK_OF_OVERLAPPED(entry->lpOverlapped);
+            n += (ULONG)sn_afd_sock_feed(ap, sock, &entries[n]);
+        } else {
+            /* Not ours (posted packets, other I/O): unchanged. */
+            if (n != j)
+                entries[n] = *entry;
+            n++;
+        }
+    }
+    return n;
+}
+
+ULONG sn_afd_translate(HANDLE completionPort, OVERLAPPED_ENTRY *entries, ULONG got) {
+    afd_port_t *ap;
+    ULONG n;
+    if (sn_afd_port_get(completionPort, &ap) != 0)
+        return got;
+    AcquireSRWLockExclusive(&ap->lock);
+    n = afd__translate(ap, entries, got);
+    /* No wait of ours follows: what the completions asked for goes out
+       now (a poll to resubmit, a cancelled one to replace). */
+    sn_afd_flush(ap);
+    ReleaseSRWLockExclusive(&ap->lock);
+    return n;
+}
+
 /* ------------------------------------------------------------ the process */
 
 /* Waits of a zero-timeout call that dequeued only internal packets. */
@@ -282,7 +323,7 @@ DWORD WINAPI sn_afd_process_socket_notifications(
     if (timeoutMs != INFINITE)
         deadline = GetTickCount64() + timeoutMs;
     for (;;) {
-        ULONG got = 0, n = 0, j;
+        ULONG got = 0, n = 0;
 
         /* Polls are made to match the registrations just before each wait,
            including the waits resumed after a batch of internal packets
@@ -301,18 +342,7 @@ DWORD WINAPI sn_afd_process_socket_notifications(
 
         /* Translate in place: entry j yields at most one entry n <= j. */
         AcquireSRWLockExclusive(&ap->lock);
-        for (j = 0; j < got; j++) {
-            OVERLAPPED_ENTRY *entry = &completionPortEntries[j];
-            if (entry->lpCompletionKey == SN_AFD_COMPLETION_KEY) {
-                afd_sock_t *sock = AFD_SOCK_OF_OVERLAPPED(entry->lpOverlapped);
-                n += (ULONG)sn_afd_sock_feed(ap, sock, &completionPortEntries[n]);
-            } else {
-                /* Not ours (posted packets, other I/O): unchanged. */
-                if (n != j)
-                    completionPortEntries[n] = *entry;
-                n++;
-            }
-        }
+        n = afd__translate(ap, completionPortEntries, got);
         ReleaseSRWLockExclusive(&ap->lock);
 
         if (n > 0) {

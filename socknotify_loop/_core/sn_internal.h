@@ -69,6 +69,20 @@ typedef struct sn_backend_ops {
     void (*add_counters)(sn_port_t *port, uint64_t *out);
 } sn_backend_ops_t;
 
+/* Internal capability (beside the public SN_CAP_*): the backend's kernel
+   keeps a socket's FIRST completion key until the REMOVE event of its
+   registration has been dequeued (ProcessSocketNotifications: "to change
+   completion keys, deregister the notification, wait for the
+   SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). The port then
+   never gives a live socket a new kernel key: see sn_port.c, "One kernel
+   key per socket". */
+#define SN_CAP_KEY_FIXED 0x100
+
+/* A backend's verdict for every registration of a call that failed as a
+   whole ("the entire operation failed, and no changes occurred"): the
+   port layer keeps each record as it was and reports the call's error. */
+#define SN_RESULT_UNAPPLIED 0xFFFFFFFFu
+
 /* A registration record: one per registered socket. */
 typedef struct sn_record {
     uint64_t socket;
@@ -79,6 +93,14 @@ typedef struct sn_record {
     uint8_t  state;       /* SN_RECORD_* */
     uint8_t  delivered;   /* one-shot, delivered, waiting for a REARM call */
     uint8_t  in_kernel;   /* enabled in the kernel (and not disabled since) */
+    uint8_t  disabled;    /* DISABLE applied (or on its way): nothing is
+                             reported until the next ENABLE */
+    uint8_t  quiet;       /* REMOVING: its REMOVE event is not reported */
+    uint8_t  reborn;      /* REMOVING: an ENABLE waits for the REMOVE event
+                             (SN_CAP_KEY_FIXED), with the fields below */
+    uint8_t  next_trigger;
+    uint16_t next_events;
+    uint64_t next_key;
 } sn_record_t;
 
 /* Set by the port layer in a kernel registration's trigger (never by a
@@ -137,6 +159,14 @@ struct sn_port {
     uint32_t rearm_count;
     uint32_t rearm_cap;
     int rearm_mode;
+    /* Records reborn after their REMOVE event (SN_CAP_KEY_FIXED): their
+       waiting ENABLE goes to the kernel in the next call. */
+    uint32_t *deferred_slots;
+    uint32_t deferred_count;
+    uint32_t deferred_cap;
+    /* The count of bound changes the last select carried (sn_port_select_changes). */
+    uint32_t last_select_count;
+
     /* The selector's buffers (sn_port_bind), owned by the caller. */
     sn_registration_t *bound_changes;
     uint32_t bound_changes_cap;
@@ -180,6 +210,12 @@ extern const sn_backend_ops_t sn_epoll_ops;
 #ifdef _WIN32
 extern const sn_backend_ops_t sn_psn_ops;   /* the OS's ProcessSocketNotifications */
 extern const sn_backend_ops_t sn_afd_ops;   /* the same port code on the polyfill */
+extern const sn_backend_ops_t sn_strict_ops; /* the strict model (sn_model.c), tests */
 #endif
+
+/* Count a caller in and out of a port (sn_port.c, "Closing"), for entry
+   points that live in a backend's file (sn_model_control). */
+int sn_port_enter(sn_port_t *port);
+void sn_port_leave(sn_port_t *port);
 
 #endif /* SN_INTERNAL_H */

@@ -31,13 +31,23 @@
  *     the port closes; SN_AFD_COMPLETION_KEY marks the polyfill's internal
  *     packets, which it consumes before they reach us.
  *   - PSN applies the batch and waits in one kernel transition, so a
- *     registration the kernel refuses cannot shorten that wait. Refusals
- *     are made rare instead: the selector asks sn_port_check() (is it an
- *     open socket?) at register() time, and the port layer refuses bad
- *     arguments before the call. What remains is a socket closed between
- *     register() and the next select; its failure is reported when the
- *     call returns. (The polyfill, which applies before it waits, turns
- *     its wait into a poll when a registration failed.)
+ *     registration the kernel refuses cannot shorten that wait, and the
+ *     kernel refuses more than bad handles: sockets of layered providers,
+ *     sockets tied to another completion port. The selector asks
+ *     sn_port_check() (is it an open socket?) at register() time and the
+ *     port layer refuses bad arguments before the call; a batch that
+ *     registers a new socket is applied in a call of its own before the
+ *     wait, and a socket the OS refuses while it is still open is served
+ *     by the polyfill on the same port (see "Refusals" below). What
+ *     remains is a socket closed between register() and the next select;
+ *     its failure is reported when the call returns. (The polyfill, which
+ *     applies before it waits, turns its wait into a poll when a
+ *     registration failed.)
+ *   - One kernel key per socket until its REMOVE event is dequeued, and a
+ *     call that fails applies nothing: the backends say so to the port
+ *     layer (SN_CAP_KEY_FIXED, SN_RESULT_UNAPPLIED), which keeps every
+ *     record accordingly; the strict backend (sn_model.c) enforces both
+ *     in tests.
  *   - PSN's and our structures have the same field order but not the same
  *     types (a SOCKET and a PVOID against two uint64_t on x64, and our
  *     result field is .result, theirs .registrationResult): every field is
@@ -162,14 +172,28 @@ typedef struct iocp_buffer {
     struct iocp_buffer *next;
     SOCK_NOTIFY_REGISTRATION *regs;
     OVERLAPPED_ENTRY *entries;
+    uint8_t *routed;            /* beside regs: applied by the polyfill already */
     uint32_t regs_cap;
     uint32_t entries_cap;
 } iocp_buffer_t;
 
+/* Sockets the port's own function refused and the polyfill serves instead
+   (see "Refusals" below): a small open-addressing set; 0 marks a free
+   cell (INVALID_SOCKET is never registered, 0 is never a socket). */
+typedef struct iocp_fallbacks {
+    SOCKET *cells;
+    uint32_t cap;       /* power of two, or 0 */
+    uint32_t used;
+} iocp_fallbacks_t;
+
 typedef struct iocp_port {
     HANDLE iocp;
-    sn_process_socket_notifications_fn process;  /* the OS's, or the polyfill */
+    sn_process_socket_notifications_fn process;  /* the OS's, the polyfill, or the model */
     int polyfill;                                  /* 1 when process is sn_afd's */
+    int model;                                     /* 1 when process is sn_model's */
+    SRWLOCK fallback_lock;                         /* guards fallbacks */
+    iocp_fallbacks_t fallbacks;
+    volatile long fallback_used;                   /* the polyfill ever served a socket here */
     SRWLOCK buffers_lock;                          /* guards `buffers` */
     iocp_buffer_t *buffers;                        /* idle buffers, a stack */
 } iocp_port_t;
@@ -200,10 +224,16 @@ static iocp_buffer_t *iocp__buffer_take(iocp_port_t *ip, uint32_t regs, uint32_t
     buf->next = NULL;
     if (regs > buf->regs_cap) {
         SOCK_NOTIFY_REGISTRATION *fresh = malloc((size_t)regs * sizeof *fresh);
-        if (fresh == NULL)
+        uint8_t *routed = malloc(regs);
+        if (fresh == NULL || routed == NULL) {
+            free(fresh);
+            free(routed);
             goto fail;
+        }
         free(buf->regs);
+        free(buf->routed);
         buf->regs = fresh;
+        buf->routed = routed;
         buf->regs_cap = regs;
     }
     if (entries > buf->entries_cap) {
@@ -221,6 +251,113 @@ fail:
     return NULL;
 }
 
+
+/* ------------------------------------------------------------- refusals */
+
+/* Refusals. The OS's function refuses what the polyfill accepts: sockets
+   of a layered or non-IFS provider, a socket associated with another
+   completion port (one a proactor loop used, or one left tied to a port
+   closed without REMOVEs), transient errors. Such a socket must neither
+   stay deaf nor block a wait. So a batch that brings a socket's FIRST
+   ENABLE (the only kind a provider refuses: a re-enable of a registration
+   the OS holds is a modify) is applied in a call of its own that does not
+   wait, before the call that waits; and an ENABLE refused for a handle
+   that is still an open socket is given to the polyfill on the same port,
+   which polls the base socket through its own helper handles and needs no
+   association with the port. From then on every change of that socket
+   goes to the polyfill; the polyfill's packets, dequeued by the OS's
+   wait, are translated by it (sn_afd_translate). Costs nothing until the
+   first refusal (one flag read per call), and one extra call per batch
+   that registers a new socket. */
+
+static uint32_t iocp__hash(SOCKET s) {
+    uint64_t h = (uint64_t)s * 0x9E3779B97F4A7C15ull;
+    return (uint32_t)(h >> 32);
+}
+
+/* Cell of `s`, or the free cell it would go to (fallback lock held). */
+static uint32_t iocp__fb_find(const iocp_fallbacks_t *fb, SOCKET s) {
+    uint32_t mask = fb->cap - 1, pos = iocp__hash(s) & mask;
+    while (fb->cells[pos] != 0 && fb->cells[pos] != s)
+        pos = (pos + 1) & mask;
+    return pos;
+}
+
+static int iocp__fb_has(iocp_port_t *ip, SOCKET s) {
+    int has = 0;
+    if (!sn_atomic_load(&ip->fallback_used))
+        return 0;
+    AcquireSRWLockShared(&ip->fallback_lock);
+    if (ip->fallbacks.cap != 0)
+        has = ip->fallbacks.cells[iocp__fb_find(&ip->fallbacks, s)] == s;
+    ReleaseSRWLockShared(&ip->fallback_lock);
+    return has;
+}
+
+static int iocp__fb_add(iocp_port_t *ip, SOCKET s) {
+    iocp_fallbacks_t *fb = &ip->fallbacks;
+    int err = 0;
+    AcquireSRWLockExclusive(&ip->fallback_lock);
+    if ((fb->used + 1) * 2 > fb->cap) {
+        iocp_fallbacks_t bigger;
+        uint32_t i;
+        bigger.cap = fb->cap ? fb->cap * 2 : 16;
+        bigger.used = fb->used;
+        bigger.cells = calloc(bigger.cap, sizeof *bigger.cells);
+        if (bigger.cells == NULL) {
+            err = SN_ERROR_NO_MEMORY;
+            goto out;
+        }
+        for (i = 0; i < fb->cap; i++)
+            if (fb->cells[i] != 0)
+                bigger.cells[iocp__fb_find(&bigger, fb->cells[i])] = fb->cells[i];
+        free(fb->cells);
+        *fb = bigger;
+    }
+    if (fb->cells[iocp__fb_find(fb, s)] != s) {
+        fb->cells[iocp__fb_find(fb, s)] = s;
+        fb->used++;
+    }
+    sn_atomic_store(&ip->fallback_used, 1);
+out:
+    ReleaseSRWLockExclusive(&ip->fallback_lock);
+    return err;
+}
+
+/* Forget `s` (its REMOVE went to the polyfill): rehash the run after it. */
+static void iocp__fb_remove(iocp_port_t *ip, SOCKET s) {
+    iocp_fallbacks_t *fb = &ip->fallbacks;
+    uint32_t pos, mask, next;
+    AcquireSRWLockExclusive(&ip->fallback_lock);
+    if (fb->cap == 0 || fb->cells[pos = iocp__fb_find(fb, s)] != s)
+        goto out;
+    mask = fb->cap - 1;
+    fb->cells[pos] = 0;
+    fb->used--;
+    for (next = (pos + 1) & mask; fb->cells[next] != 0; next = (next + 1) & mask) {
+        SOCKET moved = fb->cells[next];
+        fb->cells[next] = 0;
+        fb->cells[iocp__fb_find(fb, moved)] = moved;
+    }
+out:
+    ReleaseSRWLockExclusive(&ip->fallback_lock);
+}
+
+/* One registration, applied by the polyfill now (register-only). */
+static DWORD iocp__afd_apply(iocp_port_t *ip, SOCK_NOTIFY_REGISTRATION *kreg) {
+    DWORD rc = sn_afd_process_socket_notifications(ip->iocp, 1, kreg, 0, 0, NULL, NULL);
+    return rc != ERROR_SUCCESS ? rc : kreg->registrationResult;
+}
+
+/* A refusal the polyfill can make good: the ENABLE failed although the
+   handle is an open socket (a closed one is refused by the polyfill too,
+   and its owner must hear of it). */
+static int iocp__worth_fallback(const SOCK_NOTIFY_REGISTRATION *kreg) {
+    int type = 0, len = sizeof type;
+    return kreg->operation == SOCK_NOTIFY_OP_ENABLE && kreg->registrationResult != 0 &&
+           getsockopt(kreg->socket, SOL_SOCKET, SO_TYPE, (char *)&type, &len) == 0;
+}
+
 static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn process,
                       int polyfill) {
     iocp_port_t *ip;
@@ -235,6 +372,8 @@ static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn proces
         goto err1;
     ip->process = process;
     ip->polyfill = polyfill;
+    ip->model = process == sn_model_process_socket_notifications;
+    InitializeSRWLock(&ip->fallback_lock);
     InitializeSRWLock(&ip->buffers_lock);
     ip->buffers = NULL;
     port->impl = ip;
@@ -254,6 +393,16 @@ static int iocp__open_psn(sn_port_t *port) {
 
 static int iocp__open_afd(sn_port_t *port) {
     return iocp__open(port, sn_afd_process_socket_notifications, 1);
+}
+
+static int iocp__open_strict(sn_port_t *port) {
+    return iocp__open(port, sn_model_process_socket_notifications, 0);
+}
+
+static int iocp__available_strict(const char **why) {
+    *why = "the strict model of ProcessSocketNotifications (tests only), "
+           "on the IOCTL_AFD_POLL polyfill";
+    return 1;
 }
 
 /* sn_port's timeout (ms, SN_INFINITE for ever) as PSN's UINT32. */
@@ -295,19 +444,53 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
     return 1;
 }
 
+/* The OS function's verdicts back into the caller's records, refusals
+   the polyfill can make good handed to it (see "Refusals"). `routed`
+   marks the registrations the polyfill applied already. Returns 1 if a
+   caller ENABLE is still refused. */
+static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
+                          SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
+                          uint32_t count) {
+    uint32_t i;
+    int refused = 0;
+    for (i = 0; i < count; i++) {
+        if (routed[i])
+            continue;
+        if (!ip->polyfill && iocp__worth_fallback(&kregs[i])) {
+            SOCK_NOTIFY_REGISTRATION again = kregs[i];
+            again.registrationResult = 0;
+            if (iocp__afd_apply(ip, &again) == 0 && iocp__fb_add(ip, again.socket) == 0) {
+                SN_COUNT(port, SN_COUNT_FALLBACKS);
+                kregs[i].registrationResult = 0;
+            }
+        }
+        regs[i].result = (uint32_t)kregs[i].registrationResult;
+        if (regs[i].result != 0 && regs[i].op == SN_OP_ENABLE &&
+            !(regs[i].trigger & SN_TRIGGER_REARM))
+            refused = 1;
+    }
+    return refused;
+}
+
+static int iocp__whole_call_failed(DWORD rc) {
+    return rc != ERROR_SUCCESS && rc != WAIT_TIMEOUT && rc != ERROR_TIMEOUT;
+}
+
 static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
                          int64_t timeout_ms, sn_kevent_t *events, uint32_t max_events,
                          uint32_t *received, uint32_t *dropped) {
     iocp_port_t *ip = port->impl;
     SOCK_NOTIFY_REGISTRATION stack_regs[IOCP_STACK_REGS];
     OVERLAPPED_ENTRY stack_entries[IOCP_STACK_ENTRIES];
+    uint8_t stack_routed[IOCP_STACK_REGS];
     SOCK_NOTIFY_REGISTRATION *kregs = stack_regs;
     OVERLAPPED_ENTRY *entries = stack_entries;
+    uint8_t *routed = stack_routed;
     iocp_buffer_t *buf = NULL;
     UINT32 got = 0, j;
     DWORD rc;
     uint32_t i;
-    int err = 0;
+    int err = 0, first_enable = 0;
 
     *received = 0;
     *dropped = 0;
@@ -316,8 +499,10 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                                 max_events > IOCP_STACK_ENTRIES ? max_events : 0);
         if (buf == NULL)
             return SN_ERROR_NO_MEMORY;
-        if (count > IOCP_STACK_REGS)
+        if (count > IOCP_STACK_REGS) {
             kregs = buf->regs;
+            routed = buf->routed;
+        }
         if (max_events > IOCP_STACK_ENTRIES)
             entries = buf->entries;
     }
@@ -329,6 +514,36 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         /* The kernel (or the polyfill) tracks registrations itself. */
         kregs[i].triggerFlags = regs[i].trigger & (UINT8)~SN_TRIGGER_INTERNAL;
         kregs[i].registrationResult = ERROR_SUCCESS;
+        routed[i] = 0;
+        if (ip->polyfill || regs[i].op == SN_OP_NONE)
+            continue;
+        if (iocp__fb_has(ip, kregs[i].socket)) {
+            /* A socket the polyfill serves: every change goes there. */
+            regs[i].result = (uint32_t)iocp__afd_apply(ip, &kregs[i]);
+            if (regs[i].op == SN_OP_REMOVE)
+                iocp__fb_remove(ip, kregs[i].socket);
+            kregs[i].operation = SOCK_NOTIFY_OP_NONE;
+            routed[i] = 1;
+        } else if (regs[i].op == SN_OP_ENABLE && !(regs[i].trigger & SN_TRIGGER_MODIFY_ONLY)) {
+            first_enable = 1;
+        }
+    }
+
+    if (first_enable && max_events != 0 && timeout_ms != 0) {
+        /* A new socket may be refused: hear it before waiting. */
+        SN_COUNT(port, SN_COUNT_WAITS);
+        rc = ip->process(ip->iocp, count, kregs, 0, 0, NULL, NULL);
+        if (iocp__whole_call_failed(rc)) {
+            /* "The entire operation failed, and no changes occurred." */
+            for (i = 0; i < count; i++)
+                if (!routed[i])
+                    regs[i].result = SN_RESULT_UNAPPLIED;
+            err = (int)rc;
+            goto out;
+        }
+        if (iocp__verdicts(port, ip, regs, kregs, routed, count))
+            timeout_ms = 0;
+        count = 0;
     }
 
     /* THE call: registrations (the caller's, then re-arms) and the wait, in one. */
@@ -341,18 +556,27 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                          iocp__timeout(timeout_ms), max_events, entries, &got);
     }
     if (count != 0) {
-        /* Each verdict back into the caller's record. If the whole call
-           failed, nothing was applied: every change carries that error. */
-        int applied = rc == ERROR_SUCCESS || rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT;
-        for (i = 0; i < count; i++)
-            regs[i].result = applied ? (uint32_t)kregs[i].registrationResult
-                                     : (uint32_t)rc;
+        if (iocp__whole_call_failed(rc)) {
+            /* Nothing was applied: the port layer keeps every record as
+               it was (SN_RESULT_UNAPPLIED), and the call fails. */
+            for (i = 0; i < count; i++)
+                if (!routed[i])
+                    regs[i].result = SN_RESULT_UNAPPLIED;
+        } else {
+            iocp__verdicts(port, ip, regs, kregs, routed, count);
+        }
     }
     if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
         goto out;        /* *received stays 0 */
     if (rc != ERROR_SUCCESS) {
         err = (int)rc;
         goto out;
+    }
+    if (!ip->polyfill && !ip->model && sn_atomic_load(&ip->fallback_used)) {
+        /* The polyfill's packets came out of the OS's wait: its own. */
+        UINT32 left = (UINT32)sn_afd_translate(ip->iocp, entries, got);
+        *dropped += got - left;
+        got = left;
     }
     for (j = 0; j < got; j++) {
         if (iocp__kevent(&entries[j], &events[*received]))
@@ -395,7 +619,9 @@ static void iocp__close(sn_port_t *port, int inherited) {
        this port: it cancels them and drains their completions while the
        port still exists, then closes its helpers (see sn_afd_port_closed).
        Only then may the port go. PSN registrations end with the port. */
-    if (ip->polyfill)
+    if (ip->model)
+        sn_model_port_closed(ip->iocp);
+    if (ip->polyfill || ip->model || sn_atomic_load(&ip->fallback_used))
         sn_afd_port_closed(ip->iocp);
     CloseHandle(ip->iocp);
     /* No thread is inside process() any more (sn_port_close waited for
@@ -404,9 +630,11 @@ static void iocp__close(sn_port_t *port, int inherited) {
         iocp_buffer_t *buf = ip->buffers;
         ip->buffers = buf->next;
         free(buf->regs);
+        free(buf->routed);
         free(buf->entries);
         free(buf);
     }
+    free(ip->fallbacks.cells);
     free(ip);
     port->impl = NULL;
 }
@@ -433,13 +661,16 @@ static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
     (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE)
 /* An AFD poll reports a level snapshot; edges cannot be told apart from a
    still-true level (see sn_afd.c). */
+/* The strict model makes edges from level snapshots plus a look at the
+   socket at every call (sn_model.c): the unforgiving reading of EDGE. */
+#define IOCP_TRIGGERS_STRICT IOCP_TRIGGERS_PSN
 #define IOCP_TRIGGERS_AFD \
     (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL)
 
 const sn_backend_ops_t sn_psn_ops = {
     .id = SN_BACKEND_PSN,
     .triggers = IOCP_TRIGGERS_PSN,
-    .caps = 0,
+    .caps = SN_CAP_KEY_FIXED,
     .available = iocp__available_psn,
     .open = iocp__open_psn,
     .process = iocp__process,
@@ -450,10 +681,25 @@ const sn_backend_ops_t sn_psn_ops = {
     .check = iocp__check,
 };
 
+const sn_backend_ops_t sn_strict_ops = {
+    .id = SN_BACKEND_STRICT,
+    .triggers = IOCP_TRIGGERS_STRICT,
+    .caps = SN_CAP_KEY_FIXED,
+    .available = iocp__available_strict,
+    .open = iocp__open_strict,
+    .process = iocp__process,
+    .post = iocp__post,
+    .wake_all = iocp__wake_all,
+    .close = iocp__close,
+    .os_handle = iocp__os_handle,
+    .check = iocp__check,
+    .add_counters = iocp__add_afd_counters,
+};
+
 const sn_backend_ops_t sn_afd_ops = {
     .id = SN_BACKEND_AFD,
     .triggers = IOCP_TRIGGERS_AFD,
-    .caps = 0,
+    .caps = SN_CAP_KEY_FIXED,
     .available = iocp__available_afd,
     .open = iocp__open_afd,
     .process = iocp__process,
@@ -464,5 +710,93 @@ const sn_backend_ops_t sn_afd_ops = {
     .check = iocp__check,
     .add_counters = iocp__add_afd_counters,
 };
+
+/* ------------------------------------------------- the model's controls */
+
+int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value) {
+    int64_t answer;
+    if (port->ops != &sn_strict_ops)
+        return -(int64_t)SN_ERROR_NOT_SUPPORTED;
+    if ((answer = sn_port_enter(port)) != 0)
+        return -answer;
+    answer = sn_model_control_port(((iocp_port_t *)port->impl)->iocp, what, socket, value);
+    sn_port_leave(port);
+    return answer;
+}
+
+/* ---------------------------------------------------- the bare functions */
+
+static sn_process_socket_notifications_fn iocp__raw_fn(int backend) {
+    switch (backend) {
+    case SN_BACKEND_PSN:    return iocp__psn_found() ? iocp__psn : NULL;
+    case SN_BACKEND_AFD:    return sn_afd_process_socket_notifications;
+    case SN_BACKEND_STRICT: return sn_model_process_socket_notifications;
+    default:                return NULL;
+    }
+}
+
+int sn_raw_open(int backend, uint64_t *handle) {
+    HANDLE iocp;
+    if (iocp__raw_fn(backend) == NULL)
+        return SN_ERROR_NOT_SUPPORTED;
+    iocp = CreateIoCompletionPort(INVALID_HANDLE_VALUE, NULL, 0, 0);
+    if (iocp == NULL)
+        return (int)GetLastError();
+    *handle = (uint64_t)(uintptr_t)iocp;
+    return 0;
+}
+
+int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registrations,
+                   uint32_t count, uint32_t timeout_ms,
+                   sn_notification_t *notifications, uint32_t max_notifications,
+                   uint32_t *received) {
+    sn_process_socket_notifications_fn fn = iocp__raw_fn(backend);
+    SOCK_NOTIFY_REGISTRATION kregs[IOCP_STACK_REGS];
+    OVERLAPPED_ENTRY entries[IOCP_STACK_ENTRIES];
+    UINT32 got = 0, i;
+    DWORD rc;
+    *received = 0;
+    if (fn == NULL)
+        return SN_ERROR_NOT_SUPPORTED;
+    if (count > IOCP_STACK_REGS || max_notifications > IOCP_STACK_ENTRIES)
+        return SN_ERROR_INVALID;
+    for (i = 0; i < count; i++) {
+        kregs[i].socket = (SOCKET)registrations[i].socket;
+        kregs[i].completionKey = (PVOID)(uintptr_t)registrations[i].key;
+        kregs[i].eventFilter = registrations[i].events;
+        kregs[i].operation = registrations[i].op;
+        kregs[i].triggerFlags = registrations[i].trigger;
+        kregs[i].registrationResult = ERROR_SUCCESS;
+    }
+    if (max_notifications == 0)
+        rc = fn((HANDLE)(uintptr_t)handle, count, count ? kregs : NULL, 0, 0, NULL, NULL);
+    else
+        rc = fn((HANDLE)(uintptr_t)handle, count, count ? kregs : NULL, timeout_ms,
+                max_notifications, entries, &got);
+    for (i = 0; i < count; i++)
+        registrations[i].result = (uint32_t)kregs[i].registrationResult;
+    if (rc == ERROR_SUCCESS) {
+        for (i = 0; i < got; i++) {
+            notifications[i].key = (uint64_t)entries[i].lpCompletionKey;
+            notifications[i].events = entries[i].dwNumberOfBytesTransferred;
+        }
+        *received = got;
+    }
+    return (int)rc;
+}
+
+int sn_raw_close(int backend, uint64_t handle) {
+    HANDLE iocp = (HANDLE)(uintptr_t)handle;
+    if (iocp__raw_fn(backend) == NULL)
+        return SN_ERROR_NOT_SUPPORTED;
+    if (backend == SN_BACKEND_STRICT)
+        sn_model_port_closed(iocp);
+    /* The polyfill may serve any port (and the model's sockets): release
+       what it holds for this one before the handle goes. */
+    sn_afd_port_closed(iocp);
+    if (!CloseHandle(iocp))
+        return (int)GetLastError();
+    return 0;
+}
 
 #endif /* _WIN32 */

@@ -32,6 +32,31 @@
  *     nothing queued under the old key may reach the new one;
  *   - an OP_ENABLE fails (the kernel's view of the socket is then unknown).
  *
+ * One kernel key per socket (SN_CAP_KEY_FIXED: the completion-port
+ * backends). ProcessSocketNotifications keeps a socket's first completion
+ * key until the REMOVE event of its registration has been dequeued ("to
+ * change completion keys, deregister the notification, wait for the
+ * SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). A new kernel
+ * key before that would be ignored by the kernel, every later packet would
+ * carry the old one and be dropped as stale: a deaf socket. So there:
+ *   - a quiet REMOVE keeps its record (REMOVING) until the REMOVE event;
+ *   - an ENABLE of a REMOVING record waits in it (reborn) and goes to the
+ *     kernel under a new generation once the event is dequeued (or at once
+ *     if the REMOVE failed: the socket was closed); the ENABLEs that waited
+ *     go out with the next kernel call (sn__prepare_deferred), within the
+ *     same sn_port_process() when its wait dequeued the event;
+ *   - an ENABLE of a LIVE record with another caller key (re-key, or a
+ *     value reused after a silent closesocket(): the port cannot tell) is
+ *     a quiet REMOVE whose ENABLE waits the same way;
+ *   - nothing but the REMOVE event is reported for a REMOVING record, and
+ *     nothing at all for a DISABLEd one ("notifications that have already
+ *     been queued might still be delivered": not to our caller);
+ *   - a call that failed as a whole (SN_RESULT_UNAPPLIED: "the entire
+ *     operation failed, and no changes occurred") puts every record back
+ *     as it was, re-arms and waiting ENABLEs included;
+ *   - close() REMOVEs every live registration first, so that a socket
+ *     outliving the port is not left tied to it.
+ *
  * A failed caller ENABLE never leaves the call blocked: the backends turn
  * the wait into a poll when one failed, so the caller hears of the failure
  * now rather than whenever some other event ends the wait. (A failed
@@ -228,6 +253,9 @@ static int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
     record->user_key = user_key;
     record->state = SN_RECORD_LIVE;
     record->in_kernel = 0;
+    record->disabled = 0;
+    record->quiet = 0;
+    record->reborn = 0;
     pos = sn__index_find(port, socket, &found);
     if (!found) {
         if (port->index[pos] == 0)
@@ -248,11 +276,55 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
     record->state = SN_RECORD_FREE;
     record->delivered = 0;
     record->in_kernel = 0;
+    record->disabled = 0;
+    record->quiet = 0;
+    record->reborn = 0;
     record->generation = (record->generation + 1) & 0x7fffffffu;
     if (record->generation == 0)
         record->generation = 1;
     port->free_slots[port->free_count++] = slot;
     port->live_count--;
+}
+
+/* One kernel key per socket (SN_CAP_KEY_FIXED). An ENABLE that came
+   while the socket's REMOVE was on its way waited in the record; the
+   REMOVE event is in (or the REMOVE failed: the socket is gone), so the
+   registration starts again under a NEW kernel key, now allowed, and its
+   ENABLE goes to the kernel with the next call (sn__prepare_deferred).
+   Returns 0 if there was no memory to remember that: the record is then
+   retired and its owner hears of the failure as an error event. */
+static int sn__deferred_push(sn_port_t *port, uint32_t slot) {
+    if (port->deferred_count == port->deferred_cap) {
+        uint32_t cap = port->deferred_cap ? port->deferred_cap * 2 : 16;
+        uint32_t *bigger = realloc(port->deferred_slots, (size_t)cap * sizeof *bigger);
+        if (bigger == NULL)
+            return 0;
+        port->deferred_slots = bigger;
+        port->deferred_cap = cap;
+    }
+    port->deferred_slots[port->deferred_count++] = slot;
+    return 1;
+}
+
+static int sn__rebirth(sn_port_t *port, uint32_t slot) {
+    sn_record_t *record = &port->records[slot];
+    if (!sn__deferred_push(port, slot)) {
+        sn__record_retire(port, slot);
+        return 0;
+    }
+    record->generation = (record->generation + 1) & 0x7fffffffu;
+    if (record->generation == 0)
+        record->generation = 1;
+    record->state = SN_RECORD_LIVE;
+    record->user_key = record->next_key;
+    record->events = record->next_events;
+    record->trigger = record->next_trigger;
+    record->reborn = 0;
+    record->quiet = 0;
+    record->disabled = 0;
+    record->delivered = 0;
+    record->in_kernel = 0;
+    return 1;
 }
 
 /* ------------------------------------------------------------- backends */
@@ -261,6 +333,7 @@ const sn_backend_ops_t *const sn_backends[] = {
 #ifdef _WIN32
     &sn_psn_ops,    /* the OS's own function, where it exists */
     &sn_afd_ops,    /* the polyfill, everywhere else on Windows */
+    &sn_strict_ops, /* the strict model: never the default (afd always is) */
 #endif
 #ifdef __linux__
     &sn_epoll_ops,
@@ -297,11 +370,12 @@ int sn_backend_available(int backend, char *buf, uint32_t buf_size) {
     ops = sn__ops_for(backend);
     if (ops != NULL) {
         available = ops->available(&why);
-    } else if (backend >= SN_BACKEND_EPOLL && backend <= SN_BACKEND_AFD) {
+    } else if (backend >= SN_BACKEND_EPOLL && backend <= SN_BACKEND_STRICT) {
         /* Not compiled for this operating system. */
         why = backend == SN_BACKEND_EPOLL ? "epoll exists only on Linux"
             : backend == SN_BACKEND_PSN ? "ProcessSocketNotifications exists only on Windows"
-            : "IOCTL_AFD_POLL exists only on Windows";
+            : backend == SN_BACKEND_AFD ? "IOCTL_AFD_POLL exists only on Windows"
+            : "the strict model of ProcessSocketNotifications runs only on Windows";
     }
     if (buf != NULL && buf_size > 0) {
         strncpy(buf, why, buf_size - 1);
@@ -346,6 +420,34 @@ static int sn__enter(sn_port_t *port) {
 static void sn__leave(sn_port_t *port) {
     sn_atomic_dec(&port->users);
 }
+
+int sn_port_enter(sn_port_t *port) { return sn__enter(port); }
+void sn_port_leave(sn_port_t *port) { sn__leave(port); }
+
+#ifndef _WIN32
+/* Windows only: the strict model and the bare functions (sn_iocp.c). */
+int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value) {
+    (void)port; (void)what; (void)socket; (void)value;
+    return -(int64_t)SN_ERROR_NOT_SUPPORTED;
+}
+int sn_raw_open(int backend, uint64_t *handle) {
+    (void)backend; (void)handle;
+    return SN_ERROR_NOT_SUPPORTED;
+}
+int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registrations,
+                   uint32_t count, uint32_t timeout_ms,
+                   sn_notification_t *notifications, uint32_t max_notifications,
+                   uint32_t *received) {
+    (void)backend; (void)handle; (void)registrations; (void)count; (void)timeout_ms;
+    (void)notifications; (void)max_notifications;
+    *received = 0;
+    return SN_ERROR_NOT_SUPPORTED;
+}
+int sn_raw_close(int backend, uint64_t handle) {
+    (void)backend; (void)handle;
+    return SN_ERROR_NOT_SUPPORTED;
+}
+#endif
 
 sn_port_t *sn_port_open(int backend, int *error) {
     const sn_backend_ops_t *ops;
@@ -438,13 +540,48 @@ uint32_t sn_port_counters(sn_port_t *port, uint64_t *out, uint32_t n) {
     return n;
 }
 
+/* REMOVEs on close (SN_CAP_KEY_FIXED): a socket that outlives its port
+   must not stay tied to the dead one, where the next port's registration
+   would be refused ("a socket can be associated with only one completion
+   port"). One register-only call, no wait; failures (sockets closed
+   meanwhile) need nobody's attention. No thread is inside. */
+static void sn__remove_all(sn_port_t *port) {
+    sn_registration_t *regs;
+    uint32_t slot, n = 0, got = 0, dropped = 0;
+    if (port->live_count == 0)
+        return;
+    regs = malloc((size_t)port->live_count * sizeof *regs);
+    if (regs == NULL)
+        return;
+    for (slot = 0; slot < port->records_cap && n < port->live_count; slot++) {
+        sn_record_t *record = &port->records[slot];
+        if (record->state != SN_RECORD_LIVE)
+            continue;
+        regs[n].socket = record->socket;
+        regs[n].key = SN_KERNEL_KEY(slot, record->generation);
+        regs[n].events = 0;
+        regs[n].op = SN_OP_REMOVE;
+        regs[n].trigger = 0;
+        regs[n].result = 0;
+        n++;
+    }
+    if (n != 0)
+        port->ops->process(port, regs, n, 0, NULL, 0, &got, &dropped);
+    free(regs);
+}
+
 /* Release what the port owns besides its struct (no thread inside). */
 static void sn__release(sn_port_t *port, int inherited) {
+    if (!inherited && (port->ops->caps & SN_CAP_KEY_FIXED))
+        sn__remove_all(port);
     port->ops->close(port, inherited);
     free(port->records);
     free(port->free_slots);
     free(port->index);
     free(port->rearm_slots);
+    free(port->deferred_slots);
+    port->deferred_slots = NULL;
+    port->deferred_count = port->deferred_cap = 0;
     free(port->bound_events);
     port->bound_events = NULL;
     free(port->select_kregs);
@@ -507,7 +644,14 @@ void sn_port_free(sn_port_t *port) {
 typedef struct sn_pending {
     uint32_t slot;
     uint8_t skip;         /* rejected before reaching the kernel */
+    uint8_t kind;         /* SN_PENDING_* */
+    uint8_t fresh;        /* ENABLE: the record was made for it */
+    uint8_t was_disabled; /* DISABLE/ENABLE: the record's flag before */
+    uint8_t waits;        /* ENABLE held in a REMOVING record (KEY_FIXED) */
 } sn_pending_t;
+
+enum { SN_PENDING_CALLER = 0, SN_PENDING_REARM = 1, SN_PENDING_DEFERRED = 2,
+       SN_PENDING_DEFERRED_FAILED = 3 };
 
 static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
     int persistence = trigger & (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT);
@@ -517,6 +661,10 @@ static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
         return SN_ERROR_INVALID;
     if (persistence == (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT) ||
         level == (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE))
+        return SN_ERROR_INVALID;
+    /* ProcessSocketNotifications: "one of SOCK_NOTIFY_TRIGGER_LEVEL or
+       SOCK_NOTIFY_TRIGGER_EDGE must be supplied" with ENABLE. */
+    if (level == 0)
         return SN_ERROR_INVALID;
     if (trigger & ~ops->triggers)
         return SN_ERROR_NOT_SUPPORTED;
@@ -529,6 +677,7 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
                             sn_registration_t *kregs, sn_pending_t *pending,
                             uint32_t count) {
     uint32_t i, refused = 0;
+    int key_fixed = (port->ops->caps & SN_CAP_KEY_FIXED) != 0;
     for (i = 0; i < count; i++) {
         sn_registration_t *reg = &regs[i];
         sn_registration_t *kreg = &kregs[i];
@@ -541,6 +690,10 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
         kreg->result = 0;
         reg->result = 0;
         p->skip = 0;
+        p->kind = SN_PENDING_CALLER;
+        p->fresh = 0;
+        p->waits = 0;
+        p->was_disabled = 0;
         record = sn__lookup(port, reg->socket, &slot);
 
         switch (reg->op) {
@@ -551,36 +704,93 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
             }
             if ((err = sn__valid_trigger(port->ops, reg->trigger)) != 0)
                 break;
+            if (key_fixed && record != NULL && record->state == SN_RECORD_REMOVING) {
+                /* The kernel keeps this socket's key until the REMOVE
+                   event is dequeued: the ENABLE waits for it in the
+                   record, and goes to the kernel under a new key then. */
+                record->reborn = 1;
+                record->next_key = reg->key;
+                record->next_events = reg->events;
+                record->next_trigger = reg->trigger;
+                p->slot = slot;
+                p->skip = 1;
+                p->waits = 1;
+                kreg->op = SN_OP_NONE;
+                continue;
+            }
             if (record != NULL && record->state == SN_RECORD_LIVE &&
                 record->user_key != reg->key) {
-                /* The socket value was reused (or re-keyed): whatever is
-                   queued under the old key must not reach this one. */
-                sn__record_retire(port, slot);
-                record = NULL;
+                if (key_fixed) {
+                    /* Re-keyed, or the value reused after a silent
+                       closesocket(): the port cannot tell which. The
+                       kernel keeps the old key for a live registration,
+                       and whatever it queued under it must not reach the
+                       new key. So: a quiet REMOVE now, and this ENABLE
+                       waits in the record for its REMOVE event (or goes
+                       at once if the REMOVE fails: the socket was closed,
+                       and the kernel holds nothing). */
+                    record->state = SN_RECORD_REMOVING;
+                    record->quiet = 1;
+                    record->reborn = 1;
+                    record->next_key = reg->key;
+                    record->next_events = reg->events;
+                    record->next_trigger = reg->trigger;
+                    p->was_disabled = record->disabled;
+                    p->waits = 2;
+                    p->slot = slot;
+                    kreg->op = SN_OP_REMOVE;
+                    kreg->events = 0;
+                    kreg->trigger = SN_TRIGGER_QUIET;
+                    kreg->key = SN_KERNEL_KEY(slot, record->generation);
+                    continue;
+                } else {
+                    /* The socket value was reused (or re-keyed): whatever
+                       is queued under the old key must not reach this one. */
+                    sn__record_retire(port, slot);
+                    record = NULL;
+                }
             }
             if (record == NULL || record->state != SN_RECORD_LIVE) {
                 /* May grow (move) the table: `record` is not read after. */
                 if ((err = sn__record_new(port, reg->socket, reg->key, &slot)) != 0)
                     break;
+                p->fresh = 1;
             }
             kreg->trigger |= port->records[slot].in_kernel ? SN_TRIGGER_MODIFY_ONLY
                                                            : SN_TRIGGER_ADD;
+            p->was_disabled = port->records[slot].disabled;
             port->records[slot].events = reg->events;
             port->records[slot].trigger = reg->trigger;
             port->records[slot].delivered = 0;
+            port->records[slot].disabled = 0;
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
+            if (reg->op == SN_OP_REMOVE && record != NULL && record->reborn &&
+                record->state == SN_RECORD_REMOVING && record->next_key == reg->key) {
+                /* The ENABLE that waits for the REMOVE event is taken
+                   back: the kernel never heard of it. */
+                record->reborn = 0;
+                p->skip = 1;
+                kreg->op = SN_OP_NONE;
+                continue;
+            }
             if (record == NULL || record->state != SN_RECORD_LIVE ||
                 ((flags & SN_PROCESS_QUIET_REMOVE) && record->user_key != reg->key)) {
                 err = SN_ERROR_NOT_REGISTERED;
                 break;
             }
+            p->was_disabled = record->disabled;
             record->delivered = 0;   /* nothing for a re-arm to renew */
             if (reg->op == SN_OP_REMOVE) {
                 record->state = SN_RECORD_REMOVING;
+                record->quiet = (flags & SN_PROCESS_QUIET_REMOVE) != 0;
                 if (flags & SN_PROCESS_QUIET_REMOVE)
                     kreg->trigger |= SN_TRIGGER_QUIET;
+            } else {
+                /* Nothing is reported from now on, even what the kernel
+                   had queued before ("might still be delivered"). */
+                record->disabled = 1;
             }
             break;
         case SN_OP_NONE:
@@ -604,21 +814,85 @@ static uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *
     return refused;
 }
 
+/* Note a delivered one-shot registration for the next SN_PROCESS_REARM
+   call (defined below). */
+static int sn__rearm_push(sn_port_t *port, uint32_t slot);
+
+/* A registration of a call that failed as a whole (SN_RESULT_UNAPPLIED:
+   "no changes occurred"): put the record back as it was before the call
+   (lock held). */
+static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_pending_t *p) {
+    sn_record_t *record = &port->records[p->slot];
+    if (record->state == SN_RECORD_FREE ||
+        SN_KERNEL_KEY(p->slot, record->generation) != kreg->key)
+        return;
+    if (p->kind == SN_PENDING_REARM) {
+        if (record->state == SN_RECORD_LIVE && sn__rearm_push(port, p->slot))
+            record->delivered = 1;
+        return;
+    }
+    if (p->kind == SN_PENDING_DEFERRED) {
+        if (!sn__deferred_push(port, p->slot))
+            sn__record_retire(port, p->slot);
+        return;
+    }
+    switch (kreg->op) {
+    case SN_OP_REMOVE:
+        record->state = SN_RECORD_LIVE;
+        record->quiet = 0;
+        record->disabled = p->was_disabled;
+        break;
+    case SN_OP_DISABLE:
+        record->disabled = p->was_disabled;
+        break;
+    case SN_OP_ENABLE:
+        if (p->fresh)
+            sn__record_retire(port, p->slot);   /* the kernel never had it */
+        else
+            record->disabled = p->was_disabled;
+        break;
+    default:
+        break;
+    }
+}
+
 /* Read the kernel's verdicts back into the table (lock held). The first
    `callers` kernel registrations are the caller's; the rest are the port's
-   own re-arms, whose verdicts settle the table but belong to no caller
-   registration. */
+   own re-arms and deferred ENABLEs, whose verdicts settle the table but
+   belong to no caller registration. `call_error` is the call's error, for
+   the registrations of a call that failed as a whole. */
 static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                        sn_registration_t *kregs, sn_pending_t *pending,
-                       uint32_t callers, uint32_t count) {
+                       uint32_t callers, uint32_t count, int call_error) {
     uint32_t i;
+    int key_fixed = (port->ops->caps & SN_CAP_KEY_FIXED) != 0;
+    int failed_whole = 0;
+    for (i = 0; i < count; i++)
+        failed_whole |= !pending[i].skip && kregs[i].result == SN_RESULT_UNAPPLIED;
+    if (failed_whole && call_error == 0)
+        call_error = SN_ERROR_INVALID;
     for (i = 0; i < count; i++) {
         sn_pending_t *p = &pending[i];
         sn_record_t *record;
-        if (p->skip)
+        if (p->skip) {
+            if (p->waits && failed_whole) {
+                /* Its REMOVE never reached the kernel: nothing to wait for. */
+                port->records[p->slot].reborn = 0;
+                regs[i].result = (uint32_t)call_error;
+            }
             continue;
+        }
+        if (kregs[i].result == SN_RESULT_UNAPPLIED) {
+            if (i < callers)
+                regs[i].result = (uint32_t)call_error;
+            if (p->waits == 2)
+                port->records[p->slot].reborn = 0;   /* and back to LIVE: */
+            sn__unapply(port, &kregs[i], p);
+            continue;
+        }
         if (i < callers)
-            regs[i].result = kregs[i].result;
+            /* A re-key's REMOVE is ours: the caller's ENABLE waits. */
+            regs[i].result = p->waits == 2 ? 0 : kregs[i].result;
         record = &port->records[p->slot];
         /* A verdict about an older generation of this slot has nothing
            left to settle. */
@@ -630,9 +904,21 @@ static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             else if (kregs[i].op == SN_OP_DISABLE)
                 record->in_kernel = 0;
             /* A quiet REMOVE retires now: nothing more will be reported
-               under this registration's key. */
-            else if (kregs[i].op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE))
+               under this registration's key. Not where the kernel keeps
+               the key until the REMOVE event: the record waits for it. */
+            else if (kregs[i].op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE) &&
+                     !key_fixed)
                 sn__record_retire(port, p->slot);
+            continue;
+        }
+        if (p->kind == SN_PENDING_DEFERRED) {
+            /* An ENABLE its owner was told succeeded (it waited for a
+               REMOVE event): the owner hears of the failure as an error
+               event, reported by sn__run with these fields. */
+            kregs[i].key = record->user_key;
+            kregs[i].events = record->events;
+            p->kind = SN_PENDING_DEFERRED_FAILED;
+            sn__record_retire(port, p->slot);
             continue;
         }
         /* A failed re-arm of ours: the descriptor went away under its
@@ -643,10 +929,13 @@ static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         if (i >= callers)
             continue;
         /* A failed REMOVE means the socket is already gone (closesocket
-           deregistered it silently); a failed ENABLE leaves the kernel's
-           view unknown. Either way nothing more may be delivered under
-           this registration's key. */
-        if (kregs[i].op == SN_OP_REMOVE || kregs[i].op == SN_OP_ENABLE)
+           deregistered it silently): no REMOVE event will come, so an
+           ENABLE waiting for one goes ahead now. A failed ENABLE leaves
+           the kernel's view unknown. Either way nothing more may be
+           delivered under this registration's key. */
+        if (kregs[i].op == SN_OP_REMOVE && record->reborn)
+            sn__rebirth(port, p->slot);
+        else if (kregs[i].op == SN_OP_REMOVE || kregs[i].op == SN_OP_ENABLE)
             sn__record_retire(port, p->slot);
     }
 }
@@ -732,14 +1021,24 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
             continue;
         }
         if (ev->events & SN_EVENT_REMOVE) {
-            if (sink->notes != NULL) {
+            if (record->state != SN_RECORD_REMOVING && (port->ops->caps & SN_CAP_KEY_FIXED))
+                continue;   /* not ours to end: no REMOVE was applied */
+            if (sink->notes != NULL && !record->quiet) {
                 sink->notes[sink->n].key = record->user_key;
                 sink->notes[sink->n].events = SN_EVENT_REMOVE;
                 sink->n++;
             }
-            sn__record_retire(port, slot);
+            if (record->reborn)
+                sn__rebirth(port, slot);
+            else
+                sn__record_retire(port, slot);
             continue;
         }
+        /* Queued before a DISABLE or REMOVE ("might still be delivered"):
+           the caller asked for nothing more. */
+        if (record->disabled ||
+            (record->state == SN_RECORD_REMOVING && (port->ops->caps & SN_CAP_KEY_FIXED)))
+            continue;
         /* A one-shot delivery disarmed the registration in the kernel,
            whatever we make of it: note it for the next re-arm even if
            nothing in it is reported (the kernel may deliver a condition
@@ -792,10 +1091,66 @@ static uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
         kregs[n].result = 0;
         pending[n].slot = slot;
         pending[n].skip = 0;
+        pending[n].kind = SN_PENDING_REARM;
+        pending[n].waits = 0;
         n++;
     }
     port->rearm_count = 0;
     return n;
+}
+
+/* The ENABLEs that waited for their socket's REMOVE event (sn__rebirth),
+   under the record's new kernel key. Written into kregs (lock held);
+   returns how many. */
+static uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs,
+                                     sn_pending_t *pending) {
+    uint32_t i, n = 0;
+    for (i = 0; i < port->deferred_count; i++) {
+        uint32_t slot = port->deferred_slots[i];
+        sn_record_t *record = &port->records[slot];
+        if (record->state != SN_RECORD_LIVE || record->in_kernel || record->disabled)
+            continue;   /* removed, disabled or re-enabled by its owner meanwhile */
+        kregs[n].socket = record->socket;
+        kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
+        kregs[n].events = record->events;
+        kregs[n].op = SN_OP_ENABLE;
+        /* A fresh registration under the new key. */
+        kregs[n].trigger = (uint8_t)(record->trigger | SN_TRIGGER_ADD);
+        kregs[n].result = 0;
+        pending[n].slot = slot;
+        pending[n].skip = 0;
+        pending[n].kind = SN_PENDING_DEFERRED;
+        pending[n].waits = 0;
+        n++;
+    }
+    port->deferred_count = 0;
+    return n;
+}
+
+/* A deferred ENABLE that failed: its owner, told it succeeded, hears of it
+   as an error event (lock held). */
+static void sn__report_deferred_failures(const sn_registration_t *kregs,
+                                         const sn_pending_t *pending, uint32_t from,
+                                         uint32_t count, sn_sink_t *sink) {
+    uint32_t i;
+    for (i = from; i < count; i++) {
+        if (pending[i].kind != SN_PENDING_DEFERRED_FAILED)
+            continue;
+        if (sink->notes != NULL) {
+            if (sink->n >= sink->cap)
+                continue;
+            sink->notes[sink->n].key = kregs[i].key;
+            sink->notes[sink->n].events = SN_EVENT_ERR;
+            sink->n++;
+        } else {
+            uint64_t mask = sn__select_mask(kregs[i].events, SN_EVENT_ERR);
+            if (mask == 0 || 2 * (sink->n + 1) + sink->io > sink->cap)
+                continue;
+            sink->out[2 * sink->n] = kregs[i].key;
+            sink->out[2 * sink->n + 1] = mask;
+            sink->n++;
+        }
+    }
 }
 
 /* Small batches translate on the stack; larger ones allocate, except on
@@ -834,7 +1189,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     sn_registration_t *kregs = stack_kregs;
     sn_pending_t *pending = stack_pending;
     sn_kevent_t *events = stack_events;
-    uint32_t internal = 0, total, refused;
+    uint32_t internal = 0, total, refused, kcap = SN_STACK_REGS, callers = count, rounds = 0;
     int64_t deadline = 0;
     int scratch = 0;     /* kregs and pending are the port's (select path) */
     int err = 0;
@@ -852,7 +1207,8 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     sn_mutex_lock(&port->lock);
     if (flags & SN_PROCESS_REARM)
         port->rearm_mode = 1;
-    total = count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0);
+    total = count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0) +
+            port->deferred_count;
     if (total > SN_STACK_REGS && given_events != NULL) {
         /* The select path (the only caller with its own events buffer):
            the port's scratch, grown once. */
@@ -864,6 +1220,7 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         kregs = port->select_kregs;
         pending = port->select_pending;
         scratch = 1;
+        kcap = port->select_scratch_cap;
     } else if (total > SN_STACK_REGS) {
         kregs = malloc((size_t)total * sizeof *kregs);
         pending = malloc((size_t)total * sizeof *pending);
@@ -872,12 +1229,14 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             err = SN_ERROR_NO_MEMORY;
             goto out;
         }
+        kcap = total;
     }
     /* The caller's changes first: a registration it removes or re-enables
        in this call is then no longer due for a re-arm of ours. */
     refused = sn__prepare(port, flags, regs, kregs, pending, count);
     if (flags & SN_PROCESS_REARM)
         internal = sn__prepare_rearms(port, kregs + count, pending + count);
+    internal += sn__prepare_deferred(port, kregs + count + internal, pending + count + internal);
     total = count + internal;
     if (total != 0 && (port->ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
         /* Applied (a system call each, never blocking) and settled under
@@ -887,8 +1246,8 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
            its descriptor and registered the reused number would re-key
            the new registration to a dead key. */
         uint32_t got = 0, dropped = 0, i;
-        port->ops->process(port, kregs, total, 0, events, 0, &got, &dropped);
-        sn__settle(port, flags, regs, kregs, pending, count, total);
+        int call_error = port->ops->process(port, kregs, total, 0, events, 0, &got, &dropped);
+        sn__settle(port, flags, regs, kregs, pending, count, total, call_error);
         for (i = 0; i < count; i++)
             refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
         total = 0;
@@ -902,30 +1261,69 @@ static int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
 
     for (;;) {
         uint32_t got = 0, dropped = 0, reported;
+        int deferred = 0;
         err = port->ops->process(port, kregs, total, timeout_ms,
                                  events, max_events, &got, &dropped);
         reported = 0;
         if (total != 0 || got != 0) {
             sn_mutex_lock(&port->lock);
             if (total != 0) {
-                sn__settle(port, flags, regs, kregs, pending, count, total);
+                uint32_t before = sink->n;
+                sn__settle(port, flags, regs, kregs, pending, callers, total, err);
+                sn__report_deferred_failures(kregs, pending, callers, total, sink);
+                reported += sink->n - before;
                 total = 0;   /* registrations are applied once, by the first call */
+                callers = 0;
             }
-            reported = sn__deliver(port, events, got, sink);
+            reported += sn__deliver(port, events, got, sink);
+            deferred = port->deferred_count != 0;
             sn_mutex_unlock(&port->lock);
         }
-        if (err != 0 || reported != 0 || timeout_ms == 0)
+        if (err != 0 || reported != 0)
             break;
-        if (got == 0 && dropped == 0)
+        if (timeout_ms == 0) {
+            /* A poll still applies the ENABLEs that waited for a REMOVE
+               event it dequeued: one more call, that does not wait. */
+            if (!deferred || rounds++ != 0)
+                break;
+        } else if (got == 0 && dropped == 0) {
             break;       /* timed out, or interrupted */
+        }
         if (sn_atomic_load(&port->closing))
             break;       /* woken by close() */
-        /* Everything dequeued was dropped: wait again for what is left. */
+        /* Everything dequeued was dropped: wait again for what is left,
+           with the ENABLEs that waited for a REMOVE event just dequeued. */
         if (timeout_ms > 0) {
             timeout_ms = deadline - sn_now_ms();
             if (timeout_ms <= 0)
                 break;
         }
+        sn_mutex_lock(&port->lock);
+        if (port->deferred_count > kcap && scratch) {
+            if (sn__grow_select_scratch(port, port->deferred_count) == 0) {
+                kregs = port->select_kregs;
+                pending = port->select_pending;
+                kcap = port->select_scratch_cap;
+            }
+        } else if (port->deferred_count > kcap) {
+            sn_registration_t *k = malloc((size_t)port->deferred_count * sizeof *k);
+            sn_pending_t *pe = malloc((size_t)port->deferred_count * sizeof *pe);
+            if (k == NULL || pe == NULL) {
+                free(k);
+                free(pe);
+            } else {
+                if (kregs != stack_kregs)
+                    free(kregs);
+                if (pending != stack_pending)
+                    free(pending);
+                kregs = k;
+                pending = pe;
+                kcap = port->deferred_count;
+            }
+        }
+        if (port->deferred_count <= kcap)
+            total = sn__prepare_deferred(port, kregs, pending);
+        sn_mutex_unlock(&port->lock);
     }
 out:
     if (!scratch && kregs != stack_kregs)
@@ -1035,6 +1433,11 @@ static int64_t sn__wait_ms(double timeout_ms) {
     return (double)ms < timeout_ms ? ms + 1 : ms;
 }
 
+uint32_t sn_port_select_changes(sn_port_t *port) {
+    /* Written by the selecting thread only, read by it after its select. */
+    return port->last_select_count;
+}
+
 int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
     sn_sink_t sink;
     uint32_t i, max_events;
@@ -1049,11 +1452,13 @@ int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
     memset(&sink, 0, sizeof sink);
     sink.out = port->bound_out;
     sink.cap = port->bound_out_cap;
+    port->last_select_count = 0;
     if (count > port->bound_changes_cap || port->bound_out == NULL ||
         sink.cap / 2 <= count) {
         err = SN_ERROR_INVALID;
         goto out;
     }
+    port->last_select_count = count;
     /* Room for the failure pairs of the changes, then kernel events. */
     max_events = sink.cap / 2 - count;
     err = sn__run(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE,

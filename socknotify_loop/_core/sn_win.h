@@ -123,5 +123,26 @@ DWORD sn_afd_statistics(HANDLE port, UINT32 *registered, UINT32 *polls_in_flight
    counters[]; nothing for a port the polyfill has not seen. */
 void sn_afd_counters(HANDLE port, uint64_t *counters);
 
+/* The strict model (sn_model.c): the same signature again, on the
+   polyfill, with the documented rules enforced. sn_model_port_closed():
+   call before sn_afd_port_closed() when such a port closes. */
+DWORD WINAPI sn_model_process_socket_notifications(
+    HANDLE completionPort,
+    UINT32 registrationCount,
+    SOCK_NOTIFY_REGISTRATION *registrationInfos,
+    UINT32 timeoutMs,
+    ULONG completionCount,
+    OVERLAPPED_ENTRY *completionPortEntries,
+    UINT32 *receivedEntryCount);
+void sn_model_port_closed(HANDLE port);
+int64_t sn_model_control_port(HANDLE port, int what, uint64_t socket, int64_t value);
+
+/* The polyfill serving a port whose own function (the OS's, or the model)
+   refused a socket: sn_afd_translate() turns the polyfill's packets among
+   `got` dequeued entries into notifications in place (others untouched)
+   and resubmits what their completions asked for; returns the entries
+   left. */
+ULONG sn_afd_translate(HANDLE port, OVERLAPPED_ENTRY *entries, ULONG got);
+
 #endif /* _WIN32 */
 #endif /* SN_WIN_H */

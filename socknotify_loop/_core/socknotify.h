@@ -61,6 +61,10 @@
 #define SN_BACKEND_EPOLL  1
 #define SN_BACKEND_PSN    2
 #define SN_BACKEND_AFD    3
+/* Windows, tests only, never chosen by SN_BACKEND_AUTO: the strict model
+   of ProcessSocketNotifications (sn_model.c) on the polyfill, enforcing
+   the documented rules the polyfill forgives. */
+#define SN_BACKEND_STRICT 4
 
 /* Capabilities of a backend (sn_backend_caps). */
 /* Each registration change costs a system call of its own, whenever it is
@@ -101,7 +105,9 @@
 #define SN_COUNT_AFD_CANCELS  5  /* NtCancelIoFileEx (afd) */
 #define SN_COUNT_AFD_DEQUEUES 6  /* GetQueuedCompletionStatusEx (afd) */
 #define SN_COUNT_AFD_POSTS    7  /* PostQueuedCompletionStatus inside the polyfill (afd) */
-#define SN_COUNTERS           8
+#define SN_COUNT_FALLBACKS    8  /* registrations the OS function refused and the polyfill
+                                    took over on the same port (psn, strict) */
+#define SN_COUNTERS           9
 
 /* Error code for a backend that was asked for but is not available here
    (ENOSYS on POSIX, ERROR_NOT_SUPPORTED on Windows, see sn_internal.h). */
@@ -197,6 +203,11 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
 int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,
                  uint64_t *out, uint32_t out_cap);
 int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms);
+/* How many bound changes the last sn_port_select() carried (0 if it
+   failed before taking them): after a select that failed as a whole, its
+   caller reads their results (each the call's error when it was not
+   applied) to queue them again. */
+uint32_t sn_port_select_changes(sn_port_t *port);
 
 /* One change, applied at once, without waiting or dequeuing, with
    SN_PROCESS_QUIET_REMOVE's meaning of REMOVE: the selector's register,
@@ -244,6 +255,38 @@ int sn_port_close(sn_port_t *port);
 /* Close the port if needed and free its memory. The caller guarantees no
    thread can call in any more (the owner of the last reference). */
 void sn_port_free(sn_port_t *port);
+
+/* The strict model's controls, for tests (sn_model_control; the port
+   must be a "strict" one, else -sn_error_not_supported()). */
+#define SN_MODEL_REFUSE      1  /* value 1: refuse ENABLEs of `socket` as for a layered
+                                   provider (WSAEOPNOTSUPP); 0: accept it again */
+#define SN_MODEL_FAIL_CALLS  2  /* the port's next `value` calls fail whole, applying nothing */
+#define SN_MODEL_TIED        3  /* which port `socket` is tied to: SN_MODEL_UNTIED,
+                                   _TIED_HERE, _TIED_REMOVING (REMOVE applied, its event
+                                   not yet dequeued), _TIED_ELSEWHERE */
+#define SN_MODEL_KEY         4  /* the completion key the model delivers for `socket` */
+#define SN_MODEL_UNTIED          0
+#define SN_MODEL_TIED_HERE       1
+#define SN_MODEL_TIED_REMOVING   2
+#define SN_MODEL_TIED_ELSEWHERE  3
+/* Returns the answer (>= 0) or minus an error code. */
+int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value);
+
+/* The bare function of a Windows backend, for the OS probe
+   (python -m socknotify_loop --probe-os): no table, no keys of ours, the
+   caller's keys go to the function as they are. sn_raw_open() makes a
+   completion port for `backend` (SN_BACKEND_PSN, _AFD or _STRICT);
+   sn_raw_process() calls that backend's ProcessSocketNotifications-shaped
+   function once (max_notifications 0: register only, no wait) and returns
+   its DWORD (0, 258 for a timeout, or an error); sn_raw_close() releases
+   the port as the backend does. -sn_error_not_supported() / the error
+   elsewhere. */
+int sn_raw_open(int backend, uint64_t *handle);
+int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registrations,
+                   uint32_t count, uint32_t timeout_ms,
+                   sn_notification_t *notifications, uint32_t max_notifications,
+                   uint32_t *received);
+int sn_raw_close(int backend, uint64_t handle);
 
 /* CDEF-END */
 

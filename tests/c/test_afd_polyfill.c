@@ -343,9 +343,15 @@ static void test_disable(void) {
 /* Argument checks, per registration, without failing the call. */
 static void test_invalid(void) {
     HANDLE port = port_open();
-    SOCK_NOTIFY_REGISTRATION r[6];
+    SOCK_NOTIFY_REGISTRATION r[8];
     SOCKET a, b;
     make_pair(&a, &b);
+    /* ENABLE needs LEVEL or EDGE: ONESHOT or PERSISTENT alone is invalid. */
+    r[6] = reg(a, 8, EV_IN, SOCK_NOTIFY_OP_ENABLE, SOCK_NOTIFY_TRIGGER_ONESHOT);
+    r[7] = reg(a, 8, EV_IN, SOCK_NOTIFY_OP_ENABLE, SOCK_NOTIFY_TRIGGER_PERSISTENT);
+    CHECK_EQ(sn_afd_process_socket_notifications(port, 2, r + 6, 0, 0, NULL, NULL), 0);
+    CHECK_EQ(r[6].registrationResult, ERROR_INVALID_PARAMETER);
+    CHECK_EQ(r[7].registrationResult, ERROR_INVALID_PARAMETER);
     r[0] = reg(a, 8, EV_IN, SOCK_NOTIFY_OP_ENABLE, SOCK_NOTIFY_TRIGGER_EDGE);
     r[1] = reg(a, 8, EV_IN, SOCK_NOTIFY_OP_ENABLE,
                SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_PERSISTENT);

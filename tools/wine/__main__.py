@@ -9,6 +9,10 @@ From the repository root:
     python -m tools.wine all    --py 3.11 [-- pytest args]  # the three in order
     python -m tools.wine bench  --py 3.11 [-- run.py args]  # benchmarks/run.py natively in it
 
+``--backend NAME`` (test, all) runs pytest with SOCKNOTIFY_BACKEND=NAME, so
+the selector, loop and every suite that takes the default backend run on
+it: ``--backend strict`` is the strict model of ProcessSocketNotifications.
+
 Checked on Debian 12 with Wine 8.0. Windows Python under Wine needs stdin
 from /dev/null and stdout/stderr on pipes (runtime.py); where the Windows
 Python comes from and what it lacks: python.py.
@@ -41,12 +45,17 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=COMMANDS)
     parser.add_argument("--py", default="3.11", choices=sorted(WINDOWS_PYTHONS))
+    parser.add_argument("--backend", default=None,
+                        help="SOCKNOTIFY_BACKEND for the test run (e.g. strict)")
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after "--" goes to pytest (to run.py for bench) untouched.
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     options = parser.parse_args(argv)
     version = options.py
+    if options.backend:
+        # Wine hands the Linux environment to the Windows process.
+        os.environ["SOCKNOTIFY_BACKEND"] = options.backend
     if options.command == "setup":
         setup(version)
         return 0

@@ -1,0 +1,618 @@
+/*
+ * sn_model.c -- the "strict" backend: ProcessSocketNotifications as
+ * Microsoft documents it, at its least forgiving, for tests.
+ *
+ * Why it exists. The psn backend calls the OS's own function, which no
+ * machine here has (Wine does not export it); every Windows test runs on
+ * the AFD polyfill, and the polyfill is kinder than the documented API.
+ * A green suite on it says nothing about the rules below. This model sits
+ * between the port code (sn_iocp.c, which calls it through the same
+ * pointer as the OS's function) and the polyfill, with the same signature,
+ * and makes each documented rule bite, choosing the harshest reading
+ * wherever Microsoft's text allows more than one:
+ *
+ *   1. Keys. "A socket may be registered with an I/O completion port only
+ *      once. To change completion keys, deregister the notification, wait
+ *      for the SOCK_NOTIFY_EVENT_REMOVE message, and then re-register the
+ *      socket." The model keeps the key of a socket's first ENABLE for
+ *      every later ENABLE, until as many REMOVE events as REMOVEs applied
+ *      have been dequeued. An ENABLE that comes before that (in the same
+ *      batch as the REMOVE, or in a later call) re-enables the socket
+ *      under the OLD key.
+ *   2. Refusals. Only sockets of Microsoft's providers, and one completion
+ *      port per socket: the model refuses an ENABLE of a socket still tied
+ *      to another port (ERROR_INVALID_PARAMETER, what CreateIoCompletion-
+ *      Port answers for a handle associated already), and of any socket a
+ *      test names (sn_model_control SN_MODEL_REFUSE: WSAEOPNOTSUPP, as for
+ *      a layered provider). A refusal, like every result, is known only
+ *      after the call's wait: it never shortens it.
+ *   3. "Notifications that have already been queued might still be
+ *      delivered" after a DISABLE or REMOVE: the model queues one, for an
+ *      armed registration whose socket is ready at that moment, before
+ *      the operation takes effect.
+ *   4. "The entire operation failed, and no changes occurred": a call a
+ *      test told to fail (SN_MODEL_FAIL_CALLS) returns an error and applies
+ *      nothing; so does a call with an invalid argument.
+ *   5. ENABLE needs LEVEL or EDGE: ONESHOT or PERSISTENT alone is refused
+ *      with ERROR_INVALID_PARAMETER.
+ *   6. Edge: one notification per rising edge, and the state at ENABLE
+ *      counts as already risen ("only changes after enabling"). A
+ *      condition reported stays "high" until the model sees it false (it
+ *      looks, with a zero-timeout WSAPoll, at the start of every call);
+ *      until then nothing more is reported for it, however much data
+ *      arrives. A reader that does not drain to WSAEWOULDBLOCK before its
+ *      next call therefore hears nothing more: what the article warns of.
+ *   7. Port close: registrations end with the port, but the socket stays
+ *      tied to the dead port unless it was REMOVEd first; the next port
+ *      is refused (rule 2). Closing the socket unties it.
+ *
+ * How. A process-wide table of model registrations (socket -> port serial,
+ * first key, filter, trigger, edge state, REMOVEs outstanding), under one
+ * lock. Registrations are applied to the polyfill in a register-only call
+ * with that lock held, so the table and the polyfill change together and
+ * other threads see either both or neither; the wait is a second polyfill
+ * call, without the lock, and its entries are filtered on the way out
+ * (REMOVE bookkeeping, edges). Edge registrations reach the polyfill as
+ * LEVEL|ONESHOT with the filter minus what is high, re-enabled by the
+ * model when a bit falls. A socket value reused after closesocket() is
+ * told from the socket registered under it by its address (getsockname)
+ * and type, and a handle that is no longer a socket ends its model
+ * registration, as closesocket() ends the OS's.
+ *
+ * What the model cannot know is what Windows really does where the text
+ * is silent; `python -m socknotify_loop --probe-os` asks the OS on a
+ * machine that has the function and prints its answers beside these.
+ *
+ * Sources read: Microsoft's article "Winsock socket state notifications"
+ * with its C samples, and the reference pages of ProcessSocketNotifications,
+ * SOCK_NOTIFY_REGISTRATION and CreateIoCompletionPort.
+ */
+#ifdef _WIN32
+
+#include "sn_internal.h"
+#include "sn_win.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL_BUCKETS 512
+#define MODEL_REFUSED_MAX 64
+#define MODEL_STACK_REGS 64
+
+/* The errors the model answers with (see the essay). */
+#define MODEL_ERR_TIED      ERROR_INVALID_PARAMETER
+#define MODEL_ERR_PROVIDER  WSAEOPNOTSUPP
+#define MODEL_ERR_CALL      ERROR_NO_SYSTEM_RESOURCES
+
+enum { MODEL_LIVE = 1, MODEL_REMOVING = 2 };
+
+typedef struct model_port {
+    HANDLE iocp;
+    uint32_t serial;          /* a port HANDLE value is reused; this is not */
+    uint32_t fail_calls;      /* SN_MODEL_FAIL_CALLS */
+    struct model_port *next;
+} model_port_t;
+
+typedef struct model_reg {
+    SOCKET socket;
+    uint32_t serial;          /* the port it is tied to */
+    int port_alive;           /* 0 once that port closed */
+    ULONG_PTR key;            /* the key of the first ENABLE */
+    uint16_t filter;
+    uint8_t trigger;
+    uint8_t state;            /* MODEL_* */
+    uint8_t armed;            /* enabled, not disabled, not fired one-shot */
+    uint8_t high;             /* edge: reported and not yet seen false */
+    uint8_t edge_dirty;       /* edge: the polyfill's filter must change */
+    uint32_t removes;         /* REMOVEs applied, REMOVE events not yet dequeued */
+    struct sockaddr_storage name;   /* fingerprint: address and type */
+    int name_len;
+    int type;
+    struct model_reg *next;
+} model_reg_t;
+
+static SRWLOCK model__lock = SRWLOCK_INIT;
+static model_reg_t *model__table[MODEL_BUCKETS];
+static model_port_t *model__ports;
+static uint32_t model__serials;
+/* Sockets a test told the model to refuse, with their fingerprint: a
+   value reused by another socket after closesocket() is not refused. */
+static model_reg_t model__refused[MODEL_REFUSED_MAX];
+static uint32_t model__refused_count;
+
+static uint32_t model__bucket(SOCKET s) {
+    uint64_t h = (uint64_t)s * 0x9E3779B97F4A7C15ull;
+    return (uint32_t)(h >> 40) % MODEL_BUCKETS;
+}
+
+static model_port_t *model__port(HANDLE iocp, int create) {
+    model_port_t *mp;
+    for (mp = model__ports; mp != NULL; mp = mp->next)
+        if (mp->iocp == iocp)
+            return mp;
+    if (!create)
+        return NULL;
+    mp = calloc(1, sizeof *mp);
+    if (mp == NULL)
+        return NULL;
+    mp->iocp = iocp;
+    mp->serial = ++model__serials;
+    mp->next = model__ports;
+    model__ports = mp;
+    return mp;
+}
+
+static model_reg_t *model__find(SOCKET s) {
+    model_reg_t *r;
+    for (r = model__table[model__bucket(s)]; r != NULL; r = r->next)
+        if (r->socket == s)
+            return r;
+    return NULL;
+}
+
+static model_reg_t *model__find_key(uint32_t serial, ULONG_PTR key) {
+    uint32_t b;
+    model_reg_t *r;
+    for (b = 0; b < MODEL_BUCKETS; b++)
+        for (r = model__table[b]; r != NULL; r = r->next)
+            if (r->serial == serial && r->port_alive && r->key == key)
+                return r;
+    return NULL;
+}
+
+static void model__drop(model_reg_t *dead) {
+    model_reg_t **link = &model__table[model__bucket(dead->socket)];
+    while (*link != NULL) {
+        if (*link == dead) {
+            *link = dead->next;
+            free(dead);
+            return;
+        }
+        link = &(*link)->next;
+    }
+}
+
+static int model__is_socket(SOCKET s, int *type) {
+    int len = sizeof *type;
+    *type = 0;
+    return getsockopt(s, SOL_SOCKET, SO_TYPE, (char *)type, &len) == 0;
+}
+
+static void model__fingerprint(SOCKET s, struct sockaddr_storage *name, int *name_len,
+                               int *type) {
+    int len = (int)sizeof *name;
+    memset(name, 0, sizeof *name);
+    model__is_socket(s, type);
+    *name_len = getsockname(s, (struct sockaddr *)name, &len) == 0 ? len : 0;
+}
+
+/* Whether the registration still names the socket it was made for: the
+   handle is a socket, of the same type, at the same address (a socket
+   unbound when registered cannot be told apart: the strict answer is yes). */
+static int model__same_socket(const model_reg_t *r) {
+    struct sockaddr_storage name;
+    int name_len, type;
+    model__fingerprint(r->socket, &name, &name_len, &type);
+    if (type == 0 || type != r->type)
+        return 0;
+    if (r->name_len == 0)
+        return 1;
+    return name_len == r->name_len && memcmp(&name, &r->name, (size_t)name_len) == 0;
+}
+
+static int model__same_socket(const model_reg_t *r);
+
+static void model__unrefuse(SOCKET s) {
+    uint32_t i;
+    for (i = 0; i < model__refused_count; i++) {
+        if (model__refused[i].socket == s) {
+            model__refused[i] = model__refused[--model__refused_count];
+            return;
+        }
+    }
+}
+
+static int model__is_refused(SOCKET s) {
+    uint32_t i;
+    for (i = 0; i < model__refused_count; i++) {
+        if (model__refused[i].socket != s)
+            continue;
+        if (model__same_socket(&model__refused[i]))
+            return 1;
+        model__unrefuse(s);     /* closed, and the value reused */
+        return 0;
+    }
+    return 0;
+}
+
+/* The SOCK_NOTIFY_EVENT_* conditions true now, among `filter`. */
+static uint8_t model__ready(SOCKET s, uint16_t filter) {
+    WSAPOLLFD fd;
+    uint8_t bits = 0;
+    fd.fd = s;
+    fd.events = 0;
+    if (filter & SOCK_NOTIFY_EVENT_IN)
+        fd.events |= POLLRDNORM;
+    if (filter & SOCK_NOTIFY_EVENT_OUT)
+        fd.events |= POLLWRNORM;
+    fd.revents = 0;
+    if (WSAPoll(&fd, 1, 0) <= 0)
+        return 0;
+    if (fd.revents & POLLRDNORM)
+        bits |= SOCK_NOTIFY_EVENT_IN;
+    if (fd.revents & POLLWRNORM)
+        bits |= SOCK_NOTIFY_EVENT_OUT;
+    if ((fd.revents & POLLHUP) && (filter & SOCK_NOTIFY_EVENT_HANGUP))
+        bits |= SOCK_NOTIFY_EVENT_HANGUP;
+    return bits;
+}
+
+static int model__is_edge(const model_reg_t *r) {
+    return (r->trigger & SOCK_NOTIFY_TRIGGER_EDGE) != 0;
+}
+
+/* What the polyfill is asked to watch for a registration. */
+static void model__poly_enable(const model_reg_t *r, SOCK_NOTIFY_REGISTRATION *out) {
+    out->socket = r->socket;
+    out->completionKey = (PVOID)r->key;
+    out->operation = SOCK_NOTIFY_OP_ENABLE;
+    out->registrationResult = 0;
+    if (model__is_edge(r)) {
+        out->eventFilter = (UINT16)(r->filter & ~r->high);
+        out->triggerFlags = SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_ONESHOT;
+    } else {
+        out->eventFilter = r->filter;
+        out->triggerFlags = r->trigger;
+    }
+}
+
+/* ENABLE's argument rules (rule 5 among them). */
+static DWORD model__check_enable(const SOCK_NOTIFY_REGISTRATION *reg) {
+    UINT8 t = reg->triggerFlags;
+    if (reg->eventFilter & ~SN_NOTIFY_FILTER_ALL)
+        return ERROR_INVALID_PARAMETER;
+    if (t & ~(SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_PERSISTENT |
+              SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE))
+        return ERROR_INVALID_PARAMETER;
+    if ((t & SOCK_NOTIFY_TRIGGER_ONESHOT) && (t & SOCK_NOTIFY_TRIGGER_PERSISTENT))
+        return ERROR_INVALID_PARAMETER;
+    if (!(t & (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE)) ||
+        ((t & SOCK_NOTIFY_TRIGGER_LEVEL) && (t & SOCK_NOTIFY_TRIGGER_EDGE)))
+        return ERROR_INVALID_PARAMETER;
+    return 0;
+}
+
+/* Apply one caller registration (model lock held): the model's rules,
+   then the polyfill, register-only. */
+static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATION *reg) {
+    model_reg_t *r = model__find(reg->socket);
+    SOCK_NOTIFY_REGISTRATION poly = *reg;
+    DWORD error;
+    int type;
+
+    if (r != NULL && !model__same_socket(r)) {
+        /* closesocket() ended that registration; the value was reused. */
+        model__drop(r);
+        r = NULL;
+    }
+    switch (reg->operation) {
+    case SOCK_NOTIFY_OP_NONE:
+        return 0;
+    case SOCK_NOTIFY_OP_ENABLE: {
+        uint8_t high = 0;
+        if ((error = model__check_enable(reg)) != 0)
+            return error;
+        if (!model__is_socket(reg->socket, &type))
+            return WSAENOTSOCK;
+        if (model__is_refused(reg->socket))
+            return MODEL_ERR_PROVIDER;
+        if (r != NULL && (r->serial != mp->serial || !r->port_alive))
+            return MODEL_ERR_TIED;
+        if (reg->triggerFlags & SOCK_NOTIFY_TRIGGER_EDGE)
+            high = model__ready(reg->socket, reg->eventFilter);
+        if (r == NULL) {
+            r = calloc(1, sizeof *r);
+            if (r == NULL)
+                return ERROR_NOT_ENOUGH_MEMORY;
+            r->socket = reg->socket;
+            r->serial = mp->serial;
+            r->port_alive = 1;
+            r->key = (ULONG_PTR)reg->completionKey;
+            model__fingerprint(reg->socket, &r->name, &r->name_len, &r->type);
+            poly.completionKey = (PVOID)r->key;
+            {
+                /* Filled in only if the polyfill accepts. */
+                model_reg_t probe = *r;
+                probe.filter = reg->eventFilter;
+                probe.trigger = reg->triggerFlags;
+                probe.high = high;
+                model__poly_enable(&probe, &poly);
+            }
+            if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+                                                             NULL)) == 0)
+                error = poly.registrationResult;
+            if (error != 0) {
+                free(r);
+                return error;
+            }
+            r->next = model__table[model__bucket(r->socket)];
+            model__table[model__bucket(r->socket)] = r;
+        } else {
+            /* Rule 1: whatever key the caller gives, the first one stays. */
+            model_reg_t probe = *r;
+            probe.filter = reg->eventFilter;
+            probe.trigger = reg->triggerFlags;
+            probe.high = high;
+            model__poly_enable(&probe, &poly);
+            if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+                                                             NULL)) == 0)
+                error = poly.registrationResult;
+            if (error != 0)
+                return error;
+        }
+        r->filter = reg->eventFilter;
+        r->trigger = reg->triggerFlags;
+        r->high = high;
+        r->edge_dirty = 0;
+        r->armed = 1;
+        r->state = MODEL_LIVE;
+        return 0;
+    }
+    case SOCK_NOTIFY_OP_DISABLE:
+    case SOCK_NOTIFY_OP_REMOVE:
+        if (r == NULL || r->serial != mp->serial || !r->port_alive ||
+            (r->state == MODEL_REMOVING && reg->operation == SOCK_NOTIFY_OP_REMOVE))
+            return ERROR_NOT_FOUND;
+        if (!model__is_socket(reg->socket, &type)) {
+            model__drop(r);
+            return WSAENOTSOCK;
+        }
+        if (r->armed && r->state == MODEL_LIVE) {
+            /* Rule 3: a notification queued just before this operation. */
+            uint8_t ready = model__ready(r->socket, r->filter);
+            if (model__is_edge(r))
+                ready &= (uint8_t)~r->high;
+            if (ready != 0)
+                PostQueuedCompletionStatus(iocp, ready, r->key, NULL);
+        }
+        poly.completionKey = (PVOID)r->key;
+        if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+                                                         NULL)) == 0)
+            error = poly.registrationResult;
+        if (error != 0)
+            return error;
+        r->armed = 0;
+        if (reg->operation == SOCK_NOTIFY_OP_REMOVE) {
+            r->state = MODEL_REMOVING;
+            r->removes++;
+        }
+        return 0;
+    default:
+        return ERROR_INVALID_PARAMETER;
+    }
+}
+
+/* Rule 6, at the start of every call (model lock held): a high edge bit
+   whose condition is false now has fallen; the polyfill watches it again. */
+static void model__edges(HANDLE iocp, model_port_t *mp) {
+    uint32_t b;
+    model_reg_t *r;
+    for (b = 0; b < MODEL_BUCKETS; b++) {
+        for (r = model__table[b]; r != NULL; r = r->next) {
+            SOCK_NOTIFY_REGISTRATION poly;
+            uint8_t now;
+            if (r->serial != mp->serial || !r->port_alive || !model__is_edge(r) ||
+                r->state != MODEL_LIVE || !r->armed)
+                continue;
+            if (r->high != 0) {
+                now = model__ready(r->socket, r->high);
+                if ((r->high & (uint8_t)~now & (SOCK_NOTIFY_EVENT_IN | SOCK_NOTIFY_EVENT_OUT)) != 0) {
+                    r->high = (uint8_t)((r->high & now) |
+                                        (r->high & SOCK_NOTIFY_EVENT_HANGUP));
+                    r->edge_dirty = 1;
+                }
+            }
+            if (!r->edge_dirty)
+                continue;
+            model__poly_enable(r, &poly);
+            sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL, NULL);
+            r->edge_dirty = 0;
+        }
+    }
+}
+
+/* Filter what the polyfill dequeued (model lock held); returns how many
+   entries are left, compacted at the front. */
+static ULONG model__filter(model_port_t *mp, OVERLAPPED_ENTRY *entries, ULONG got) {
+    ULONG j, n = 0;
+    for (j = 0; j < got; j++) {
+        OVERLAPPED_ENTRY *e = &entries[j];
+        ULONG_PTR key = e->lpCompletionKey;
+        uint32_t events = e->dwNumberOfBytesTransferred;
+        model_reg_t *r;
+        if (((uint64_t)key & SN_RESERVED_KEY_BIT) || key == 0 ||
+            (r = model__find_key(mp->serial, key)) == NULL) {
+            entries[n++] = *e;   /* not a registration of ours: untouched */
+            continue;
+        }
+        if (events & SOCK_NOTIFY_EVENT_REMOVE) {
+            if (r->removes > 0)
+                r->removes--;
+            if (r->removes == 0 && r->state == MODEL_REMOVING)
+                model__drop(r);
+            entries[n++] = *e;
+            continue;
+        }
+        if (model__is_edge(r) && r->state == MODEL_LIVE) {
+            uint8_t rising = (uint8_t)(events & r->filter & (uint8_t)~r->high);
+            r->high |= rising;
+            /* The polyfill's one-shot fired: it watches the rest again,
+               unless the registration itself was one-shot. */
+            if (r->trigger & SOCK_NOTIFY_TRIGGER_ONESHOT)
+                r->armed = 0;
+            else
+                r->edge_dirty = 1;
+            events = rising | (events & SOCK_NOTIFY_EVENT_ERR);
+            if (events == 0)
+                continue;
+            e->dwNumberOfBytesTransferred = events;
+        } else if (r->state == MODEL_LIVE && (r->trigger & SOCK_NOTIFY_TRIGGER_ONESHOT)) {
+            r->armed = 0;
+        }
+        entries[n++] = *e;
+    }
+    return n;
+}
+
+DWORD WINAPI sn_model_process_socket_notifications(
+    HANDLE completionPort,
+    UINT32 registrationCount,
+    SOCK_NOTIFY_REGISTRATION *registrationInfos,
+    UINT32 timeoutMs,
+    ULONG completionCount,
+    OVERLAPPED_ENTRY *completionPortEntries,
+    UINT32 *receivedEntryCount) {
+    model_port_t *mp;
+    ULONGLONG deadline = 0;
+    DWORD rc;
+    UINT32 i;
+
+    if (receivedEntryCount != NULL)
+        *receivedEntryCount = 0;
+    if (completionPort == NULL || completionPort == INVALID_HANDLE_VALUE)
+        return ERROR_INVALID_HANDLE;
+    if ((registrationCount != 0 && registrationInfos == NULL) ||
+        (completionCount == 0 && (timeoutMs != 0 || completionPortEntries != NULL ||
+                                  receivedEntryCount != NULL)) ||
+        (completionCount != 0 && (completionPortEntries == NULL ||
+                                  receivedEntryCount == NULL)))
+        return ERROR_INVALID_PARAMETER;
+
+    AcquireSRWLockExclusive(&model__lock);
+    mp = model__port(completionPort, 1);
+    if (mp == NULL) {
+        ReleaseSRWLockExclusive(&model__lock);
+        return ERROR_NOT_ENOUGH_MEMORY;
+    }
+    if (mp->fail_calls > 0) {
+        /* Rule 4: the whole call fails and nothing changes. */
+        mp->fail_calls--;
+        ReleaseSRWLockExclusive(&model__lock);
+        return MODEL_ERR_CALL;
+    }
+    model__edges(completionPort, mp);
+    for (i = 0; i < registrationCount; i++)
+        registrationInfos[i].registrationResult =
+            model__apply(completionPort, mp, &registrationInfos[i]);
+    ReleaseSRWLockExclusive(&model__lock);
+    /* Rule 2: a refusal does not shorten the wait that follows. */
+    if (completionCount == 0)
+        return ERROR_SUCCESS;
+
+    if (timeoutMs != INFINITE)
+        deadline = GetTickCount64() + timeoutMs;
+    for (;;) {
+        UINT32 got = 0;
+        ULONG n;
+        rc = sn_afd_process_socket_notifications(completionPort, 0, NULL, timeoutMs,
+                                                 completionCount, completionPortEntries,
+                                                 &got);
+        if (rc != ERROR_SUCCESS)
+            return rc;
+        AcquireSRWLockExclusive(&model__lock);
+        n = model__filter(mp, completionPortEntries, got);
+        ReleaseSRWLockExclusive(&model__lock);
+        if (n > 0) {
+            *receivedEntryCount = (UINT32)n;
+            return ERROR_SUCCESS;
+        }
+        /* Only edges already high: wait again for the time that is left. */
+        if (timeoutMs == 0)
+            return WAIT_TIMEOUT;
+        if (timeoutMs != INFINITE) {
+            ULONGLONG now = GetTickCount64();
+            if (now >= deadline)
+                return WAIT_TIMEOUT;
+            timeoutMs = (UINT32)(deadline - now);
+        }
+    }
+}
+
+void sn_model_port_closed(HANDLE iocp) {
+    model_port_t **link, *mp;
+    uint32_t b;
+    model_reg_t *r, *next;
+    AcquireSRWLockExclusive(&model__lock);
+    for (link = &model__ports; (mp = *link) != NULL; link = &mp->next) {
+        if (mp->iocp != iocp)
+            continue;
+        *link = mp->next;
+        for (b = 0; b < MODEL_BUCKETS; b++) {
+            for (r = model__table[b]; r != NULL; r = next) {
+                next = r->next;
+                if (r->serial != mp->serial)
+                    continue;
+                if (r->state == MODEL_REMOVING)
+                    model__drop(r);     /* its REMOVE was applied: untied */
+                else
+                    r->port_alive = 0;  /* rule 7: tied to a dead port */
+            }
+        }
+        free(mp);
+        break;
+    }
+    ReleaseSRWLockExclusive(&model__lock);
+}
+
+int64_t sn_model_control_port(HANDLE iocp, int what, uint64_t socket, int64_t value) {
+    int64_t answer = 0;
+    model_port_t *mp;
+    model_reg_t *r;
+    AcquireSRWLockExclusive(&model__lock);
+    switch (what) {
+    case SN_MODEL_REFUSE:
+        model__unrefuse((SOCKET)socket);
+        if (value) {
+            if (model__refused_count == MODEL_REFUSED_MAX) {
+                answer = -(int64_t)ERROR_NOT_ENOUGH_MEMORY;
+            } else {
+                model_reg_t *r = &model__refused[model__refused_count++];
+                memset(r, 0, sizeof *r);
+                r->socket = (SOCKET)socket;
+                model__fingerprint(r->socket, &r->name, &r->name_len, &r->type);
+            }
+        }
+        break;
+    case SN_MODEL_FAIL_CALLS:
+        mp = model__port(iocp, 1);
+        if (mp == NULL || value < 0)
+            answer = -(int64_t)ERROR_INVALID_PARAMETER;
+        else
+            mp->fail_calls = (uint32_t)value;
+        break;
+    case SN_MODEL_TIED:
+        r = model__find((SOCKET)socket);
+        mp = model__port(iocp, 0);
+        if (r == NULL || !model__same_socket(r))
+            answer = SN_MODEL_UNTIED;
+        else if (mp != NULL && r->serial == mp->serial && r->port_alive)
+            answer = r->state == MODEL_REMOVING ? SN_MODEL_TIED_REMOVING : SN_MODEL_TIED_HERE;
+        else
+            answer = SN_MODEL_TIED_ELSEWHERE;
+        break;
+    case SN_MODEL_KEY:
+        r = model__find((SOCKET)socket);
+        if (r == NULL || !model__same_socket(r))
+            answer = -(int64_t)ERROR_NOT_FOUND;
+        else
+            answer = (int64_t)(r->key & 0x7fffffffffffffffull);
+        break;
+    default:
+        answer = -(int64_t)ERROR_INVALID_PARAMETER;
+        break;
+    }
+    ReleaseSRWLockExclusive(&model__lock);
+    return answer;
+}
+
+#endif /* _WIN32 */

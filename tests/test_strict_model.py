@@ -1,0 +1,397 @@
+"""The strict model of ProcessSocketNotifications (backend ``strict``,
+Windows only), and the port, selector and loop on it.
+
+Two kinds of tests:
+
+- The model's rules, asked through the bare function (the questions of
+  ``python -m socknotify_loop --probe-os``): each is asked of the model,
+  which must answer as Microsoft's documentation reads at its strictest,
+  and of the forgiving AFD polyfill, which must NOT (marked xfail strict:
+  if the polyfill ever answered like the model, the question would test
+  nothing).
+- The port, the selector and the loop on the model, where the forgiving
+  polyfill let them break a documented rule: one kernel key per socket
+  until its REMOVE is dequeued, refused registrations, whole-call
+  failures, REMOVEs on close, notifications queued before DISABLE/REMOVE,
+  edges.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import time
+
+import pytest
+from _platform import WINDOWS
+from _sockets import nonblocking_pair
+
+from socknotify_loop import Loop, probe
+from socknotify_loop.launcher import main
+from socknotify_loop.port import (
+    EVENT_IN,
+    EVENT_REMOVE,
+    OP_DISABLE,
+    OP_REMOVE,
+    TRIGGER_EDGE,
+    TRIGGER_LEVEL,
+    TRIGGER_ONESHOT,
+    TRIGGER_PERSISTENT,
+    Port,
+    Registration,
+    lib,
+)
+from socknotify_loop.selector import EVENT_READ, NotifySelector
+
+pytestmark = pytest.mark.skipif(not WINDOWS, reason="the strict model runs on Windows only")
+
+ONESHOT = TRIGGER_LEVEL | TRIGGER_ONESHOT
+PERSISTENT = TRIGGER_LEVEL | TRIGGER_PERSISTENT
+ERROR_INVALID_PARAMETER = 87
+WSAEOPNOTSUPP = 10045
+
+
+def control(port: Port, what: int, sock=None, value: int = 0) -> int:
+    fd = sock.fileno() if sock is not None else 0
+    answer = lib.sn_model_control(port._handle, what, fd, value)
+    assert answer >= 0, answer
+    return int(answer)
+
+
+def refuse(port: Port, sock) -> None:
+    control(port, lib.SN_MODEL_REFUSE, sock, 1)
+
+
+def wait_for(port, key, timeout=2.0, regs=()):
+    deadline = time.monotonic() + timeout
+    regs = list(regs)
+    while time.monotonic() < deadline:
+        for k, events in port.process(regs, timeout=0.1):
+            if k == key:
+                return events
+        regs = []
+    return None
+
+
+# -- the model's rules, against the forgiving polyfill --------------------------------
+
+#: What the strict model answers, question by question (probe.QUESTIONS).
+MODEL_ANSWERS = {
+    "key change without REMOVE": "first key kept",
+    "REMOVE then ENABLE (new key) in one call": "first key kept; REMOVE under [1]",
+    "delivery after DISABLE": "queued notification delivered",
+    "socket registered with another port": f"refused (error {ERROR_INVALID_PARAMETER})",
+    "port closed with the socket registered": f"refused (error {ERROR_INVALID_PARAMETER})",
+    "port closed after the socket's REMOVE": "accepted",
+    "edge-triggered, not drained": "one notification until drained",
+    "ENABLE without LEVEL or EDGE": f"refused (error {ERROR_INVALID_PARAMETER})",
+}
+#: Questions both answer alike (a fixed rule of the polyfill's, or where
+#: the forgiving and the strict reading agree).
+SAME_ON_AFD = {"port closed after the socket's REMOVE", "ENABLE without LEVEL or EDGE"}
+
+
+@pytest.mark.parametrize("question", probe.QUESTIONS, ids=lambda q: q.name)
+def test_model_answers_strictly(question):
+    assert probe.ask(question, "strict") == MODEL_ANSWERS[question.name]
+
+
+@pytest.mark.parametrize("question", [q for q in probe.QUESTIONS if q.name not in SAME_ON_AFD],
+                         ids=lambda q: q.name)
+@pytest.mark.xfail(strict=True, reason="the AFD polyfill forgives this rule")
+def test_forgiving_polyfill_answers_otherwise(question):
+    assert probe.ask(question, "afd") == MODEL_ANSWERS[question.name]
+
+
+def test_model_fails_a_whole_call_and_changes_nothing():
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        reg = Registration(a, 1, EVENT_IN)
+        with pytest.raises(OSError):
+            port.process([reg], timeout=0)
+        assert reg.result != 0
+        assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
+
+
+def test_model_refuses_a_chosen_socket():
+    a, b = nonblocking_pair()
+    with a, b, probe.RawPort("strict") as raw, Port("strict") as port:
+        refuse(port, a)
+        try:
+            rc, results, _ = raw.call([(a, 1, EVENT_IN, 1, ONESHOT)], 0, 0)
+            assert rc == 0 and results == [WSAEOPNOTSUPP]
+        finally:
+            control(port, lib.SN_MODEL_REFUSE, a, 0)
+        rc, results, _ = raw.call([(a, 1, EVENT_IN, 1, ONESHOT)], 0, 0)
+        assert rc == 0 and results == [0]
+
+
+def test_model_refusal_ends_with_the_socket():
+    """A refused socket closed, its handle value reused: the new socket is
+    not refused (the model tells them apart, as the OS would)."""
+    a, b = nonblocking_pair()
+    with Port("strict") as port:
+        refuse(port, a)
+        old = a.fileno()
+        a.close()
+        b.close()
+        for _ in range(20):
+            c, d = nonblocking_pair()
+            with c, d:
+                if old in (c.fileno(), d.fileno()):
+                    reused = c if c.fileno() == old else d
+                    port.process([Registration(reused, 1, EVENT_IN)], timeout=0)
+                    assert port.counters()["fallbacks"] == 0
+                    return
+        pytest.skip("the OS never reused the handle value")
+
+
+def test_probe_os_command_under_wine_runs_the_model():
+    out = io.StringIO()
+    assert main(["--probe-os"], out) == 0
+    text = out.getvalue()
+    assert "the strict model assumes" in text
+    for question in probe.QUESTIONS:
+        assert question.name in text
+    if not lib.sn_backend_available(lib.SN_BACKEND_PSN, probe.ffi.NULL, 0):
+        assert "the OS did" not in text
+
+
+# -- the port on the model --------------------------------------------------------------
+
+def test_port_rekey_keeps_notifications():
+    """ENABLE of a live socket under a new key: the kernel keeps the old
+    one, so the port must not invent a new kernel key (deaf socket)."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        port.process([Registration(a, 2, EVENT_IN)], timeout=0)
+        b.send(b"x")
+        assert wait_for(port, 2) == EVENT_IN
+
+
+def test_port_remove_then_enable_in_one_batch():
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        notes = port.process([Registration(a, 1, 0, OP_REMOVE),
+                              Registration(a, 2, EVENT_IN)], timeout=0.2)
+        b.send(b"x")
+        deadline = time.monotonic() + 3
+        while (2, EVENT_IN) not in notes and time.monotonic() < deadline:
+            notes += port.process(timeout=0.1)
+        # The REMOVE under the old key, then notifications under the new.
+        assert notes == [(1, EVENT_REMOVE), (2, EVENT_IN)]
+
+
+def test_port_reports_nothing_queued_before_disable_or_remove():
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        b.send(b"x")
+        time.sleep(0.05)
+        assert port.process([Registration(a, 1, EVENT_IN, OP_DISABLE)], timeout=0.2) == []
+        assert port.process(timeout=0.1) == []
+        notes = port.process([Registration(a, 1, 0, OP_REMOVE)], timeout=0.2)
+        notes += port.process(timeout=0.1)
+        assert notes == [(1, EVENT_REMOVE)]
+
+
+@pytest.mark.parametrize("backend", ["afd", "strict"])
+def test_port_enable_without_level_or_edge_is_refused(backend):
+    """ProcessSocketNotifications wants LEVEL or EDGE with ENABLE; the port
+    and the polyfill refuse it too, so no backend accepts what the OS
+    would not."""
+    a, b = nonblocking_pair()
+    with a, b, Port(backend) as port:
+        reg = Registration(a, 1, EVENT_IN, trigger=TRIGGER_ONESHOT)
+        with pytest.raises(OSError):
+            port.process([reg], timeout=0)
+        assert reg.result == ERROR_INVALID_PARAMETER
+        assert port.registered == 0
+
+
+def test_port_edge_needs_draining():
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 4, EVENT_IN, trigger=TRIGGER_EDGE | TRIGGER_PERSISTENT)],
+                     timeout=0)
+        b.send(b"1")
+        assert wait_for(port, 4) & EVENT_IN
+        b.send(b"2")              # not drained: no rising edge
+        assert port.process(timeout=0.2) == []
+        assert a.recv(10) == b"12"
+        with pytest.raises(BlockingIOError):
+            a.recv(10)            # drained to WSAEWOULDBLOCK
+        port.process(timeout=0)   # the model sees the fall
+        b.send(b"3")
+        assert wait_for(port, 4) & EVENT_IN
+
+
+def test_refused_socket_falls_back_to_the_polyfill():
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        refuse(port, a)
+        try:
+            b.send(b"x")
+            start = time.monotonic()
+            assert port.process([Registration(a, 1, EVENT_IN)], timeout=5) == [(1, EVENT_IN)]
+            assert time.monotonic() - start < 2
+            assert port.counters()["fallbacks"] == 1
+            a.recv(10)
+            b.send(b"y")
+            assert wait_for(port, 1, regs=[Registration(a, 1, EVENT_IN)]) == EVENT_IN
+            assert wait_for(port, 1, regs=[Registration(a, 1, 0, OP_REMOVE)]) == EVENT_REMOVE
+        finally:
+            lib.sn_model_control(port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+
+
+def test_port_close_removes_so_the_next_port_accepts():
+    a, b = nonblocking_pair()
+    with a, b:
+        with Port("strict") as first:
+            first.process([Registration(a, 1, EVENT_IN)], timeout=0)
+            # The REMOVEs of close() happen below.
+        with Port("strict") as second:
+            second.process([Registration(a, 1, EVENT_IN)], timeout=0)
+            assert second.counters()["fallbacks"] == 0
+            assert control(second, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_TIED_HERE
+            b.send(b"x")
+            assert wait_for(second, 1) == EVENT_IN
+
+
+def test_port_whole_call_failure_keeps_the_registrations():
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        remove = Registration(a, 1, 0, OP_REMOVE)
+        with pytest.raises(OSError):
+            port.process([remove], timeout=0)
+        # Nothing changed: still registered, still notified.
+        assert port.registered == 1
+        b.send(b"x")
+        assert wait_for(port, 1) == EVENT_IN
+
+
+# -- the selector on the model ------------------------------------------------------------
+
+def test_selector_unregister_two_then_register_the_first():
+    a, b = nonblocking_pair()
+    c, d = nonblocking_pair()
+    with a, b, c, d, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        sel.register(c, EVENT_READ, "c")
+        sel.select(0)
+        sel.unregister(a)
+        sel.unregister(c)
+        sel.register(a, EVENT_READ, "a2")
+        b.send(b"x")
+        deadline = time.monotonic() + 3
+        seen = []
+        while not seen and time.monotonic() < deadline:
+            seen = [key.data for key, _ in sel.select(0.2)]
+        assert seen == ["a2"]
+
+
+def test_selector_reregister_while_remove_not_dequeued():
+    """unregister(a), register(c), register(a) before a select: a's new
+    ENABLE (another slot, so another key) reaches the port while a's
+    REMOVE has not been dequeued."""
+    a, b = nonblocking_pair()
+    c, d = nonblocking_pair()
+    with a, b, c, d, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        sel.select(0)
+        sel.unregister(a)
+        sel.register(c, EVENT_READ, "c")
+        sel.register(a, EVENT_READ, "a2")
+        b.send(b"x")
+        deadline = time.monotonic() + 3
+        seen = []
+        while not seen and time.monotonic() < deadline:
+            seen = [key.data for key, _ in sel.select(0.2)]
+        assert seen == ["a2"]
+
+
+def test_selector_refused_socket_neither_blocks_nor_goes_deaf():
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        refuse(sel.port, a)
+        try:
+            b.send(b"x")
+            sel.register(a, EVENT_READ)
+            start = time.monotonic()
+            assert [m for _, m in sel.select(5)] == [EVENT_READ]
+            assert time.monotonic() - start < 2
+            a.recv(10)
+            assert sel.select(0.1) == []
+            b.send(b"y")
+            assert [m for _, m in sel.select(5)] == [EVENT_READ]
+        finally:
+            lib.sn_model_control(sel.port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+
+
+def test_selector_whole_call_failure_loses_nothing():
+    a, b = nonblocking_pair()
+    c, d = nonblocking_pair()
+    with a, b, c, d, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        assert [k.data for k, _ in sel.select(2)] == ["a"]
+        sel.register(c, EVENT_READ, "c")      # a change for the failing call
+        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        with pytest.raises(OSError):
+            sel.select(0)
+        # The re-arm of a and the registration of c both survive.
+        d.send(b"y")
+        seen = set()
+        deadline = time.monotonic() + 3
+        while seen != {"a", "c"} and time.monotonic() < deadline:
+            seen |= {k.data for k, _ in sel.select(0.2)}
+        assert seen == {"a", "c"}
+
+
+# -- the loop on the model ------------------------------------------------------------------
+
+def test_loop_listener_outlives_its_loop():
+    """A listening socket reused by a second loop (a second asyncio.run):
+    the first port's close sends its REMOVE, so the socket is not tied to
+    the dead port, and the second loop hears its connections natively."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    address = listener.getsockname()
+
+    async def one_round():
+        loop = asyncio.get_running_loop()
+        client = socket.socket()
+        client.setblocking(False)
+
+        async def connect_later():
+            await asyncio.sleep(0.2)     # the accept must wait for readiness
+            await loop.sock_connect(client, address)
+
+        with client:
+            connecting = loop.create_task(connect_later())
+            conn, _ = await asyncio.wait_for(loop.sock_accept(listener), 5)
+            await connecting
+            conn.close()
+
+    with listener:
+        for _ in range(2):
+            loop = Loop(selector=NotifySelector("strict"))
+            try:
+                port = loop._selector.port
+                assert control(port, lib.SN_MODEL_TIED, listener) == lib.SN_MODEL_UNTIED
+                loop.run_until_complete(one_round())
+                assert port.counters()["fallbacks"] == 0
+                # Still registered when the loop closes (a reader nobody
+                # removed, as a server left open at exit would leave it).
+                loop.add_reader(listener, lambda: None)
+                loop.run_until_complete(asyncio.sleep(0.05))
+                assert control(port, lib.SN_MODEL_TIED, listener) == lib.SN_MODEL_TIED_HERE
+            finally:
+                loop.close()
