@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from _sockets import nonblocking_pair
 
 from socknotify_loop.selector import NotifySelector
 
@@ -27,11 +28,7 @@ WRITE = selectors.EVENT_WRITE
 IDLE_CPU_LIMIT = 0.2
 
 
-def pair():
-    a, b = socket.socketpair()
-    a.setblocking(False)
-    b.setblocking(False)
-    return a, b
+pair = nonblocking_pair
 
 
 def pair_on_number(number):

@@ -24,7 +24,6 @@ import os
 import select
 import selectors
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import time
 
 import pytest
 from _platform import LINUX
+from _sockets import nonblocking_pair
 
 from socknotify_loop import Loop
 from socknotify_loop.selector import WAKEUP_KEY, NotifySelector
@@ -52,11 +52,7 @@ IDLE_WAITS_LIMIT = 10
 IDLE_CPU_LIMIT = 0.2
 
 
-def pair():
-    a, b = socket.socketpair()
-    a.setblocking(False)
-    b.setblocking(False)
-    return a, b
+pair = nonblocking_pair
 
 
 @contextlib.contextmanager
