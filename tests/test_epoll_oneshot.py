@@ -156,7 +156,7 @@ def test_orphan_closed_before_unregister_is_dropped(sel, keeper):
         assert ready(sel, 1) == [("c", READ)]
     finally:
         reference.close()
-        for s in (a, b):
+        for s in (a, b, c, d):
             s.close()
         if kept is not None:
             os.close(kept)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import re
 import subprocess
 import sys
@@ -23,6 +24,14 @@ OURS = f"{socknotify_loop.Loop.__module__}.{socknotify_loop.Loop.__qualname__}"
 
 # Warnings are errors here, and in the uvicorn server (-W error).
 pytestmark = pytest.mark.filterwarnings("error")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _finalise_earlier_garbage():
+    """What earlier modules left to the garbage collector is finalised now,
+    not during these tests, whose warnings are errors: PyPy collects late,
+    and an unclosed socket's ResourceWarning would land in the wrong test."""
+    gc.collect()
 
 
 def _env() -> dict:

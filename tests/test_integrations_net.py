@@ -9,6 +9,7 @@ errors (pyzmq's fallback announces itself with a RuntimeWarning).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 import time
@@ -19,6 +20,14 @@ from servers import need, run_on_loop, selector_threads
 import socknotify_loop
 
 pytestmark = pytest.mark.filterwarnings("error")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _finalise_earlier_garbage():
+    """What earlier modules left to the garbage collector is finalised now,
+    not during these tests, whose warnings are errors: PyPy collects late,
+    and an unclosed socket's ResourceWarning would land in the wrong test."""
+    gc.collect()
 
 
 # -- pyzmq ----------------------------------------------------------------------------------

@@ -546,7 +546,11 @@ def test_uvloop_makes_our_loop(tmp_path):
 # by new_event_loop, EventLoopPolicy, install and run through the global name).
 FAKE_WINLOOP = """\
 import asyncio
-from asyncio.events import BaseDefaultEventLoopPolicy
+import asyncio.events
+
+# Python 3.14 renamed it _BaseDefaultEventLoopPolicy (policies are deprecated).
+BaseDefaultEventLoopPolicy = getattr(asyncio.events, "BaseDefaultEventLoopPolicy", None) or \
+    asyncio.events._BaseDefaultEventLoopPolicy
 
 
 class Loop(asyncio.SelectorEventLoop):

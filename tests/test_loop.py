@@ -6,6 +6,7 @@ entry points (run, new_event_loop, the policy API and its warnings).
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -926,7 +927,8 @@ def test_a_callbacks_arguments_die_with_it(make):
         loop.call_soon(lambda t: None, token)
         # From another thread's API: on 3.14+ a handle of another class,
         # which the iteration runs through its own _run.
-        loop.call_soon_threadsafe(lambda: seen.append(alive()))
+        # gc.collect(): PyPy frees an unreachable object only when it collects.
+        loop.call_soon_threadsafe(lambda: (gc.collect(), seen.append(alive())))
         del token
         loop._run_once()
         assert seen == [None]
