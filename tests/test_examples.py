@@ -57,6 +57,15 @@ def test_poll_replacement_reports_a_reset(backend):
 
 
 def test_edge_udp_server(backend):
+    if backend == "strict":
+        # The example drains to WSAEWOULDBLOCK, after which Windows
+        # documents a new edge for the next datagram. The model sees a
+        # fall only at the start of a call (docs/strict-model.md), so a
+        # datagram landing between the drain and the next call makes no
+        # edge there: under load the example waits for ever, on the model
+        # only. The edge rules themselves are tested in test_strict_model.
+        pytest.skip("the strict model cannot see a fall and rise between two calls, "
+                    "which a draining reader relies on")
     code, out = run_example("edge_udp_server.py", "--backend", backend)
     with port_module.Port(backend) as port:
         has_edge = port.supports(port_module.TRIGGER_EDGE)
