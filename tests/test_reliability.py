@@ -32,7 +32,7 @@ import threading
 import time
 
 import pytest
-from _platform import LINUX
+from _platform import LINUX, running_under_wine
 from _sockets import nonblocking_pair
 
 from socknotify_loop import Loop
@@ -561,6 +561,10 @@ def test_refused_select_loses_nothing(backend):
             s.close()
 
 
+@pytest.mark.skipif(running_under_wine(),
+                    reason="Wine 8's wineserver crashes under this test's churn of AFD polls "
+                           "from two threads (a Wine bug: a server must survive its clients); "
+                           "it runs on Linux and on real Windows")
 @pytest.mark.timeout(30)
 def test_a_select_in_another_thread_reports_whole_keys(backend):
     """While one thread selects without pause, another registers sockets
