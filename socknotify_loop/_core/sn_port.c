@@ -286,6 +286,22 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
     port->live_count--;
 }
 
+/* Append `slot` to a growable list of slots (doubling from `first_cap`).
+   Returns 0, leaving the list as it was, if there is no memory. */
+static int sn__slots_push(uint32_t **slots, uint32_t *count, uint32_t *cap,
+                          uint32_t first_cap, uint32_t slot) {
+    if (*count == *cap) {
+        uint32_t new_cap = *cap ? *cap * 2 : first_cap;
+        uint32_t *bigger = realloc(*slots, (size_t)new_cap * sizeof *bigger);
+        if (bigger == NULL)
+            return 0;
+        *slots = bigger;
+        *cap = new_cap;
+    }
+    (*slots)[(*count)++] = slot;
+    return 1;
+}
+
 /* One kernel key per socket (SN_CAP_KEY_FIXED). An ENABLE that came
    while the socket's REMOVE was on its way waited in the record; the
    REMOVE event is in (or the REMOVE failed: the socket is gone), so the
@@ -294,16 +310,8 @@ static void sn__record_retire(sn_port_t *port, uint32_t slot) {
    Returns 0 if there was no memory to remember that: the record is then
    retired and its owner hears of the failure as an error event. */
 static int sn__deferred_push(sn_port_t *port, uint32_t slot) {
-    if (port->deferred_count == port->deferred_cap) {
-        uint32_t cap = port->deferred_cap ? port->deferred_cap * 2 : 16;
-        uint32_t *bigger = realloc(port->deferred_slots, (size_t)cap * sizeof *bigger);
-        if (bigger == NULL)
-            return 0;
-        port->deferred_slots = bigger;
-        port->deferred_cap = cap;
-    }
-    port->deferred_slots[port->deferred_count++] = slot;
-    return 1;
+    return sn__slots_push(&port->deferred_slots, &port->deferred_count,
+                          &port->deferred_cap, 16, slot);
 }
 
 static int sn__rebirth(sn_port_t *port, uint32_t slot) {
@@ -944,16 +952,7 @@ static void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
    call. Returns 0 if there is no memory, in which case the caller simply
    does not get that registration re-armed for it (as without the flag). */
 static int sn__rearm_push(sn_port_t *port, uint32_t slot) {
-    if (port->rearm_count == port->rearm_cap) {
-        uint32_t cap = port->rearm_cap ? port->rearm_cap * 2 : 64;
-        uint32_t *bigger = realloc(port->rearm_slots, (size_t)cap * sizeof *bigger);
-        if (bigger == NULL)
-            return 0;
-        port->rearm_slots = bigger;
-        port->rearm_cap = cap;
-    }
-    port->rearm_slots[port->rearm_count++] = slot;
-    return 1;
+    return sn__slots_push(&port->rearm_slots, &port->rearm_count, &port->rearm_cap, 64, slot);
 }
 
 /* Where translated notifications go: process() wants sn_notification_t,
