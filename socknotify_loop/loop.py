@@ -246,19 +246,23 @@ class Loop(asyncio.SelectorEventLoop):
             except IndexError:
                 raise RuntimeError("select() is already running in another thread") from None
             try:
-                got = fast.select(fast.prepare() if fast.pending or fast.released else 0,
-                                  wait_ms)
-                if got == 1:
-                    out = fast.out
-                    key = fast.keys[out[0]]
-                    mask = out[1]
-                elif got > 0:
-                    if got > _PAIRS:
-                        got = fast.io_completed(got)
-                    values = iter(fast.out[:got << 1].tolist())
+                got = fast.select(fast.port, fast.prepare() if fast.pending or fast.released
+                                  else 0, wait_ms)
+                if got > 0:
+                    # One pair comes in the answer itself (its low two
+                    # bits, the mask, are not 0); more are in the buffer.
+                    mask = got & 3
+                    if mask:
+                        key = fast.keys[got >> 2]
+                        got = 1
+                    else:
+                        got >>= 2
+                        if got > _PAIRS:
+                            got = fast.io_completed(got)
+                        values = iter(fast.out[:got << 1].tolist())
             finally:
                 fast.token.append(token)
-            if got == 1:
+            if got == 1 and mask:
                 # Most iterations get exactly one event: read it in place.
                 # This is the loop below, written out for one pair, which
                 # saves its tuple, iterator and loop; writing the dispatch

@@ -17,7 +17,6 @@ core's error codes into the exceptions ``socket`` and ``selectors`` raise.
 from __future__ import annotations
 
 import errno
-import functools
 import math
 import os
 import struct
@@ -482,22 +481,34 @@ class Port:
             raise self._closed_error()
         return err
 
-    def change_function(self) -> Callable[[int, int, int, int, int], int]:
-        """``f(fd, key, events, op, trigger) -> code``: one change applied
-        at once (removes quiet, as a selector wants them), returning 0 or
-        the error code :meth:`change_error` turns into an exception."""
-        return functools.partial(lib.sn_port_change, self._handle)
+    def change_function(self) -> Tuple[Callable[[int, int, int, int, int, int], int], int]:
+        """``(f, address)``: ``f(address, fd, key, events, op, trigger) ->
+        code`` applies one change at once (removes quiet, as a selector
+        wants them) and returns 0 or the error code :meth:`change_error`
+        turns into an exception. ``address`` is as for
+        :meth:`select_function`."""
+        return lib.sn_port_change_at, int(lib.sn_port_address(self._handle))
 
-    def select_function(self) -> Callable[[int, float], int]:
-        """``f(changes, wait_ms) -> answer``: apply the first ``changes``
-        changes of the bound change buffer and the port's one-shot re-arms,
-        wait up to ``wait_ms`` milliseconds (a float, rounded up; negative
-        waits forever) and write ``(key, selector mask)`` pairs at the front
-        of the bound output, the keys of I/O completions after them. The
-        answer is the number of pairs, plus the number of I/O keys times
-        2**32; or minus an error code (:meth:`select_error`). One thread
-        at a time: another gets the busy error."""
-        return functools.partial(lib.sn_port_select, self._handle)
+    def select_function(self) -> Tuple[Callable[[int, int, float], int], int]:
+        """``(f, address)``: ``f(address, changes, wait_ms) -> answer``
+        applies the first ``changes`` changes of the bound change buffer
+        and the port's one-shot re-arms, waits up to ``wait_ms``
+        milliseconds (a float, rounded up; negative waits forever) and
+        writes ``(key, selector mask)`` pairs at the front of the bound
+        output, the keys of I/O completions after them.
+
+        The answer: minus an error code (:meth:`select_error`); or, when
+        its two low bits are not 0, exactly one pair, key ``answer >> 2``
+        and mask ``answer & 3``, which is not in the buffer; or else
+        ``answer >> 2`` is the number of pairs in the buffer plus the
+        number of I/O keys times 2**32. One thread at a time: another gets
+        the busy error.
+
+        ``address`` names this port's C object as an integer, which the
+        binding converts for less than a pointer on a call made every
+        iteration; it is valid while this Port lives (the caller keeps a
+        reference to it)."""
+        return lib.sn_port_select_at, int(lib.sn_port_address(self._handle))
 
     def bind_select_buffers(self, pairs: int, changes: int) -> Optional[Tuple[Any, int]]:
         """Bind to the port, for :meth:`select_function`, an output buffer

@@ -115,7 +115,11 @@ _WATCHED = EVENT_READ | EVENT_WRITE
 # The largest descriptor epoll takes: a C int.
 _MAX_EPOLL_FD = 0x7FFFFFFF
 
-# sn_port_select()'s answer: pairs in the low 32 bits, I/O keys above.
+# sn_port_select()'s answer (Port.select_function): one pair in the value
+# itself when its low two bits (the mask) are not 0; otherwise, shifted
+# right by two, pairs in the low 32 bits and I/O keys above.
+_ONE = 3
+_SHIFT = 2
 _PAIRS = 0xFFFFFFFF
 _WORDS_PER_PAIR = 2     # (slot, selector mask), each a uint64
 
@@ -129,23 +133,28 @@ class FastPath:
 
         token = fast.token.pop()          # IndexError: another thread selects
         try:
-            got = fast.select(fast.prepare() if fast.pending or fast.released
-                              else 0, wait_ms)
-            # got > 0xFFFFFFFF: got = fast.io_completed(got)
+            got = fast.select(fast.port, fast.prepare() if fast.pending or
+                              fast.released else 0, wait_ms)
+            # got & 3: one pair, slot got >> 2, mask got & 3
+            # else got >>= 2; got > 0xFFFFFFFF: got = fast.io_completed(got)
             # pairs (slot, mask): fast.out[2*i], fast.out[2*i + 1];
-            # the key is fast.keys[slot] (None: unregistered meanwhile)
+            # the key is fast.keys[slot] (None: unregistered meanwhile),
+            # read before the token goes back
         finally:
             fast.token.append(token)
         # got < 0: fast.raise_for(got)
 
     The attributes always name the selector's current objects (the lists
     are never replaced, ``out`` is updated when the buffers are bound
-    anew)."""
+    anew). ``port`` is the port's address for ``select`` (see
+    :meth:`Port.select_function`); ``owner`` keeps the port alive with it."""
 
-    __slots__ = ("select", "token", "pending", "released", "prepare", "out", "keys",
-                 "io_completed", "raise_for")
+    __slots__ = ("select", "port", "owner", "token", "pending", "released", "prepare",
+                 "out", "keys", "io_completed", "raise_for")
 
-    select: Callable[[int, float], int]
+    select: Callable[[int, int, float], int]
+    port: int
+    owner: Port
     token: list[bool]
     pending: list[Change]
     released: list[int]
@@ -224,7 +233,7 @@ class NotifySelector(selectors.BaseSelector):
     def __init__(self, backend: str | None = None) -> None:
         self._port = port = Port(backend)
         self._at_once = port.changes_at_once
-        self._change_now = port.change_function()
+        self._change_now, self._port_address = port.change_function()
         # fd -> _Record: the one record per registration.
         self._records: dict[int, _Record] = {}
         # slot -> SelectorKey (None when free): the hot path's index from
@@ -259,7 +268,8 @@ class NotifySelector(selectors.BaseSelector):
         #: The selector as a loop's iteration reads it (see :class:`FastPath`):
         #: the same object for the selector's whole life.
         fast = self.fast_path = self._fast = FastPath()
-        fast.select = port.select_function()
+        fast.select, fast.port = port.select_function()
+        fast.owner = port
         fast.token = self._select_token
         fast.pending = self._pending
         fast.released = self._released
@@ -332,7 +342,7 @@ class NotifySelector(selectors.BaseSelector):
         means the descriptor was closed first, which the stdlib selectors
         ignore too."""
         if self._at_once:
-            code = self._change_now(fd, slot, events, op, trigger)
+            code = self._change_now(self._port_address, fd, slot, events, op, trigger)
             if code:
                 error = self._port.change_error(code)
                 if op != OP_REMOVE or isinstance(error, ValueError):
@@ -592,12 +602,19 @@ class NotifySelector(selectors.BaseSelector):
         handler runs as soon as Python resumes)."""
         fast = self._fast
         count = fast.prepare() if fast.pending or fast.released else 0
-        got: int = fast.select(count, wait_ms)
-        if got > _PAIRS:
-            return self._io_completed(got)
+        got: int = fast.select(fast.port, count, wait_ms)
         if got < 0:
             self._raise_for(got)
             return -1
+        if got & _ONE:
+            # One pair, carried in the answer: put it where the caller
+            # reads pairs.
+            self._out[0] = got >> _SHIFT
+            self._out[1] = got & _ONE
+            return 1
+        got >>= _SHIFT
+        if got > _PAIRS:
+            return self._io_completed(got)
         return got
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:

@@ -1487,5 +1487,24 @@ out:
         return -(int64_t)err;
     if (err == SN_ERROR_INTERRUPTED && sink.n == 0 && sink.io == 0)
         return -(int64_t)err;
-    return (int64_t)sink.n | ((int64_t)sink.io << 32);
+    /* The usual answer, one pair, travels in the return value itself: the
+       caller then reads no buffer (an indexed read of the buffer costs the
+       Python caller more than the two integer operations that decode it). */
+    if (sink.n == 1 && sink.io == 0 && port->bound_out[0] <= SN_SELECT_ONE_MAX_KEY &&
+        port->bound_out[1] >= 1 && port->bound_out[1] <= 3)
+        return (int64_t)((port->bound_out[0] << 2) | port->bound_out[1]);
+    return ((int64_t)sink.n | ((int64_t)sink.io << 32)) << 2;
+}
+
+int64_t sn_port_select_at(uintptr_t port, uint32_t count, double timeout_ms) {
+    return sn_port_select((sn_port_t *)port, count, timeout_ms);
+}
+
+uintptr_t sn_port_address(sn_port_t *port) {
+    return (uintptr_t)port;
+}
+
+int sn_port_change_at(uintptr_t port, uint64_t socket, uint64_t key, uint16_t events,
+                      uint8_t op, uint8_t trigger) {
+    return sn_port_change((sn_port_t *)port, socket, key, events, op, trigger);
 }

@@ -194,8 +194,12 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
    owner's next recv/send meets the error, as after EPOLLERR; its result
    field says which error. Packets posted to the port wake the call and are
    not reported; on Windows the keys of overlapped I/O completions
-   (SN_EVENT_IO) follow the pairs. Returns pairs | (io_keys << 32), or
-   minus an error code (sn_error_busy() if another thread is inside).
+   (SN_EVENT_IO) follow the pairs. Returns, when exactly one pair was
+   written, no I/O key came, its key is at most SN_SELECT_ONE_MAX_KEY and
+   its mask is 1, 2 or 3: (key << 2) | mask (the low two bits are then
+   never 0). Otherwise (pairs | (io_keys << 32)) << 2 (the low two bits
+   are 0; the pairs are in `out` as described), or minus an error code
+   (sn_error_busy() if another thread is inside).
    The timeout is in milliseconds as a double: any fraction rounds up,
    a negative value waits forever, NaN polls.
    Memory: the buffers are written only inside sn_port_select(); rebinding
@@ -203,6 +207,13 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
 int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,
                  uint64_t *out, uint32_t out_cap);
 int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms);
+/* The same call with the port given by its address (sn_port_address()):
+   the binding converts an integer argument for a fraction of what a
+   pointer argument costs it, on the call a loop makes every iteration. The
+   caller keeps the port's handle alive for as long as it uses the address. */
+int64_t sn_port_select_at(uintptr_t port, uint32_t count, double timeout_ms);
+uintptr_t sn_port_address(sn_port_t *port);
+#define SN_SELECT_ONE_MAX_KEY  0x1FFFFFFFFFFFFFFF
 /* How many bound changes the last sn_port_select() carried (0 if it
    failed before taking them): after a select that failed as a whole, its
    caller reads their results (each the call's error when it was not
@@ -216,6 +227,9 @@ uint32_t sn_port_select_changes(sn_port_t *port);
    change's error code (sn_error_closed() for a closed port). */
 int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t events,
                    uint8_t op, uint8_t trigger);
+/* The same with the port given by its address (see sn_port_select_at). */
+int sn_port_change_at(uintptr_t port, uint64_t socket, uint64_t key, uint16_t events,
+                      uint8_t op, uint8_t trigger);
 
 /* Queue a packet with this key; one waiter receives it with events == 0. */
 int sn_port_post(sn_port_t *port, uint64_t key);
