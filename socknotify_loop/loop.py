@@ -224,9 +224,14 @@ class Loop(asyncio.SelectorEventLoop):
                     handle._scheduled = False
 
             ready = self._ready
+            fast = self._fast_path
             wait_ms: float
+            # The wait: the port's one-argument poll or block, which cost
+            # the binding less than the general call (docs/design.md), or
+            # that call for a timed wait (and below, for queued changes).
             if ready or self._stopping:
                 wait_ms = 0
+                wait = fast.poll
             elif scheduled:
                 timeout = scheduled[0]._when - self.time()
                 if timeout > _MAXIMUM_SELECT_TIMEOUT:  # not min(): a call
@@ -234,20 +239,25 @@ class Loop(asyncio.SelectorEventLoop):
                 # Float milliseconds: the port rounds them up, as the
                 # selectors round, so the wait never ends early.
                 wait_ms = timeout * 1000.0 if timeout > 0.0 else 0
+                wait = None
             else:
                 wait_ms = -1
+                wait = fast.block
 
             # The selector's select(), inline, through the one object the
             # selector offers for it (selector.FastPath): its token is held
             # from taking the queued changes to reading the answer.
-            fast = self._fast_path
             try:
                 token = fast.token.pop()
             except IndexError:
                 raise RuntimeError("select() is already running in another thread") from None
             try:
-                got = fast.select(fast.port, fast.prepare() if fast.pending or fast.released
-                                  else 0, wait_ms)
+                if fast.pending or fast.released:
+                    got = fast.select(fast.port, fast.prepare(), wait_ms)
+                elif wait is None:
+                    got = fast.select(fast.port, 0, wait_ms)
+                else:
+                    got = wait(fast.port)
                 if got > 0:
                     # One pair comes in the answer itself (its low two
                     # bits, the mask, are not 0); more are in the buffer.

@@ -147,12 +147,17 @@ class FastPath:
     The attributes always name the selector's current objects (the lists
     are never replaced, ``out`` is updated when the buffers are bound
     anew). ``port`` is the port's address for ``select`` (see
-    :meth:`Port.select_function`); ``owner`` keeps the port alive with it."""
+    :meth:`Port.select_function`); ``owner`` keeps the port alive with it.
+    With nothing queued (``pending`` and ``released`` empty),
+    ``fast.poll(fast.port)`` and ``fast.block(fast.port)`` are
+    ``fast.select(fast.port, 0, 0)`` and ``fast.select(fast.port, 0, -1)``."""
 
-    __slots__ = ("select", "port", "owner", "token", "pending", "released", "prepare",
-                 "out", "keys", "io_completed", "raise_for")
+    __slots__ = ("select", "poll", "block", "port", "owner", "token", "pending",
+                 "released", "prepare", "out", "keys", "io_completed", "raise_for")
 
     select: Callable[[int, int, float], int]
+    poll: Callable[[int], int]
+    block: Callable[[int], int]
     port: int
     owner: Port
     token: list[bool]
@@ -269,6 +274,7 @@ class NotifySelector(selectors.BaseSelector):
         #: the same object for the selector's whole life.
         fast = self.fast_path = self._fast = FastPath()
         fast.select, fast.port = port.select_function()
+        fast.poll, fast.block = port.wait_functions()
         fast.owner = port
         fast.token = self._select_token
         fast.pending = self._pending

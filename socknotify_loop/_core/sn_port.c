@@ -1500,6 +1500,14 @@ int64_t sn_port_select_at(uintptr_t port, uint32_t count, double timeout_ms) {
     return sn_port_select((sn_port_t *)port, count, timeout_ms);
 }
 
+int64_t sn_port_poll_at(uintptr_t port) {
+    return sn_port_select((sn_port_t *)port, 0, 0.0);
+}
+
+int64_t sn_port_block_at(uintptr_t port) {
+    return sn_port_select((sn_port_t *)port, 0, -1.0);
+}
+
 uintptr_t sn_port_address(sn_port_t *port) {
     return (uintptr_t)port;
 }

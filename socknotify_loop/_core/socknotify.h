@@ -212,6 +212,12 @@ int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms);
    pointer argument costs it, on the call a loop makes every iteration. The
    caller keeps the port's handle alive for as long as it uses the address. */
 int64_t sn_port_select_at(uintptr_t port, uint32_t count, double timeout_ms);
+/* sn_port_select_at(port, 0, 0) and sn_port_select_at(port, 0, -1): a loop's
+   two usual waits (something is ready: poll; nothing is scheduled: block)
+   with no queued change. With one argument the binding builds no argument
+   tuple and converts one integer. */
+int64_t sn_port_poll_at(uintptr_t port);
+int64_t sn_port_block_at(uintptr_t port);
 uintptr_t sn_port_address(sn_port_t *port);
 #define SN_SELECT_ONE_MAX_KEY  0x1FFFFFFFFFFFFFFF
 /* How many bound changes the last sn_port_select() carried (0 if it
