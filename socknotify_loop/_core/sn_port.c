@@ -1432,6 +1432,76 @@ static int64_t sn__wait_ms(double timeout_ms) {
     return (double)ms < timeout_ms ? ms + 1 : ms;
 }
 
+/* The loop's usual call on a backend that applies each change at once
+   (epoll): no change of the caller's, a poll or an endless wait. It does
+   what sn__run does for that case, without its batch machinery: the
+   re-arms are applied under the table lock (for the reason sn__run gives)
+   in batches on the stack, and settled in place (a re-arm that succeeded
+   puts the item in the kernel; one that failed leaves the record for its
+   owner's next change, as sn__settle does); then one wait, and the
+   delivery. Returns 1 when it answered the call (err set); 0 when the
+   caller must go on with sn__run: the port is not in that case, or a
+   blocking wait dequeued only stale events and must wait again. */
+#define SN_QUICK_BATCH  16
+
+static int sn__select_quick(sn_port_t *port, int64_t timeout_ms, sn_kevent_t *events,
+                            uint32_t max_events, sn_sink_t *sink, int *err) {
+    sn_registration_t kregs[SN_QUICK_BATCH];
+    uint32_t slots[SN_QUICK_BATCH];
+    uint32_t got = 0, dropped = 0, reported = 0, i, n;
+
+    if ((port->ops->caps & (SN_CAP_CHANGES_AT_ONCE | SN_CAP_KEY_FIXED)) !=
+            SN_CAP_CHANGES_AT_ONCE || (timeout_ms != 0 && timeout_ms != SN_INFINITE))
+        return 0;
+    sn_mutex_lock(&port->lock);
+    if (port->deferred_count != 0) {
+        sn_mutex_unlock(&port->lock);
+        return 0;
+    }
+    port->rearm_mode = 1;
+    i = 0;
+    while (i < port->rearm_count) {
+        for (n = 0; n < SN_QUICK_BATCH && i < port->rearm_count; i++) {
+            uint32_t slot = port->rearm_slots[i];
+            sn_record_t *record = &port->records[slot];
+            if (record->state != SN_RECORD_LIVE || !record->delivered)
+                continue;   /* removed or re-enabled by its owner meanwhile */
+            record->delivered = 0;
+            kregs[n].socket = record->socket;
+            kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
+            kregs[n].events = record->events;
+            kregs[n].op = SN_OP_ENABLE;
+            /* As in sn__prepare_rearms: a re-arm must not arm whatever
+               file took a closed descriptor's number. */
+            kregs[n].trigger = (uint8_t)(record->trigger | SN_TRIGGER_REARM |
+                                         (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY
+                                                            : SN_TRIGGER_ADD));
+            kregs[n].result = 0;
+            slots[n++] = slot;
+        }
+        if (n == 0)
+            break;
+        port->ops->process(port, kregs, n, 0, events, 0, &got, &dropped);
+        while (n-- > 0)
+            if (kregs[n].result == 0)
+                port->records[slots[n]].in_kernel = 1;
+    }
+    port->rearm_count = 0;
+    sn_mutex_unlock(&port->lock);
+
+    got = dropped = 0;
+    *err = port->ops->process(port, NULL, 0, timeout_ms, events, max_events, &got, &dropped);
+    if (got != 0) {
+        sn_mutex_lock(&port->lock);
+        reported = sn__deliver(port, events, got, sink);
+        sn_mutex_unlock(&port->lock);
+    }
+    if (*err != 0 || reported != 0 || timeout_ms == 0 || (got == 0 && dropped == 0) ||
+        sn_atomic_load(&port->closing))
+        return 1;
+    return 0;   /* only stale events: sn__run waits again */
+}
+
 uint32_t sn_port_select_changes(sn_port_t *port) {
     /* Written by the selecting thread only, read by it after its select. */
     return port->last_select_count;
@@ -1440,6 +1510,7 @@ uint32_t sn_port_select_changes(sn_port_t *port) {
 int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
     sn_sink_t sink;
     uint32_t i, max_events;
+    int64_t wait_ms;
     int err;
 
     if ((err = sn__enter(port)) != 0)
@@ -1460,9 +1531,12 @@ int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
     port->last_select_count = count;
     /* Room for the failure pairs of the changes, then kernel events. */
     max_events = sink.cap / 2 - count;
-    err = sn__run(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE,
-                  port->bound_changes, count, sn__wait_ms(timeout_ms), max_events,
-                  port->bound_events, &sink);
+    wait_ms = sn__wait_ms(timeout_ms);
+    if (count != 0 || !sn__select_quick(port, wait_ms, port->bound_events, max_events,
+                                        &sink, &err))
+        err = sn__run(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE,
+                      port->bound_changes, count, wait_ms, max_events,
+                      port->bound_events, &sink);
     /* A change that failed: its owner hears of it as readiness, once. */
     for (i = 0; i < count; i++) {
         const sn_registration_t *reg = &port->bound_changes[i];
