@@ -226,9 +226,10 @@ class Loop(asyncio.SelectorEventLoop):
             ready = self._ready
             fast = self._fast_path
             wait_ms: float
-            # The wait: the port's one-argument poll or block, which cost
-            # the binding less than the general call (docs/design.md), or
-            # that call for a timed wait (and below, for queued changes).
+            # The wait: the port's calls without changes, poll and block
+            # taking one argument, a timed wait two; the binding makes them
+            # for less than the general call, used below when changes are
+            # queued (docs/design.md).
             if ready or self._stopping:
                 wait_ms = 0
                 wait = fast.poll
@@ -255,7 +256,7 @@ class Loop(asyncio.SelectorEventLoop):
                 if fast.pending or fast.released:
                     got = fast.select(fast.port, fast.prepare(), wait_ms)
                 elif wait is None:
-                    got = fast.select(fast.port, 0, wait_ms)
+                    got = fast.wait(fast.port, wait_ms)
                 else:
                     got = wait(fast.port)
                 if got > 0:

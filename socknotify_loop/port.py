@@ -510,12 +510,15 @@ class Port:
         reference to it)."""
         return lib.sn_port_select_at, int(lib.sn_port_address(self._handle))
 
-    def wait_functions(self) -> Tuple[Callable[[int], int], Callable[[int], int]]:
-        """``(poll, block)``: ``poll(address)`` is ``f(address, 0, 0)`` of
-        :meth:`select_function` and ``block(address)`` is ``f(address, 0,
-        -1)``, the two waits a loop makes most, in calls of one argument
-        (which the binding makes for less)."""
-        return lib.sn_port_poll_at, lib.sn_port_block_at
+    def wait_functions(self) -> Tuple[Callable[[int], int], Callable[[int], int],
+                                      Callable[[int, float], int]]:
+        """``(poll, block, wait)``: with ``f`` of :meth:`select_function`,
+        ``poll(address)`` is ``f(address, 0, 0)``, ``block(address)`` is
+        ``f(address, 0, -1)`` and ``wait(address, wait_ms)`` is
+        ``f(address, 0, wait_ms)``: the waits a loop makes, without queued
+        changes, in calls of fewer arguments (which the binding makes for
+        less)."""
+        return lib.sn_port_poll_at, lib.sn_port_block_at, lib.sn_port_wait_at
 
     def bind_select_buffers(self, pairs: int, changes: int) -> Optional[Tuple[Any, int]]:
         """Bind to the port, for :meth:`select_function`, an output buffer

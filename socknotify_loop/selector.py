@@ -149,15 +149,18 @@ class FastPath:
     anew). ``port`` is the port's address for ``select`` (see
     :meth:`Port.select_function`); ``owner`` keeps the port alive with it.
     With nothing queued (``pending`` and ``released`` empty),
-    ``fast.poll(fast.port)`` and ``fast.block(fast.port)`` are
-    ``fast.select(fast.port, 0, 0)`` and ``fast.select(fast.port, 0, -1)``."""
+    ``fast.poll(fast.port)``, ``fast.block(fast.port)`` and
+    ``fast.wait(fast.port, wait_ms)`` are ``fast.select(fast.port, 0, 0)``,
+    ``fast.select(fast.port, 0, -1)`` and ``fast.select(fast.port, 0,
+    wait_ms)``."""
 
-    __slots__ = ("select", "poll", "block", "port", "owner", "token", "pending",
+    __slots__ = ("select", "poll", "block", "wait", "port", "owner", "token", "pending",
                  "released", "prepare", "out", "keys", "io_completed", "raise_for")
 
     select: Callable[[int, int, float], int]
     poll: Callable[[int], int]
     block: Callable[[int], int]
+    wait: Callable[[int, float], int]
     port: int
     owner: Port
     token: list[bool]
@@ -274,7 +277,7 @@ class NotifySelector(selectors.BaseSelector):
         #: the same object for the selector's whole life.
         fast = self.fast_path = self._fast = FastPath()
         fast.select, fast.port = port.select_function()
-        fast.poll, fast.block = port.wait_functions()
+        fast.poll, fast.block, fast.wait = port.wait_functions()
         fast.owner = port
         fast.token = self._select_token
         fast.pending = self._pending
@@ -608,7 +611,8 @@ class NotifySelector(selectors.BaseSelector):
         handler runs as soon as Python resumes)."""
         fast = self._fast
         count = fast.prepare() if fast.pending or fast.released else 0
-        got: int = fast.select(fast.port, count, wait_ms)
+        got: int = (fast.select(fast.port, count, wait_ms) if count else
+                     fast.wait(fast.port, wait_ms))
         if got < 0:
             self._raise_for(got)
             return -1

@@ -1433,26 +1433,32 @@ static int64_t sn__wait_ms(double timeout_ms) {
 }
 
 /* The loop's usual call on a backend that applies each change at once
-   (epoll): no change of the caller's, a poll or an endless wait. It does
+   (epoll): no change of the caller's, only the wait. It does
    what sn__run does for that case, without its batch machinery: the
    re-arms are applied under the table lock (for the reason sn__run gives)
    in batches on the stack, and settled in place (a re-arm that succeeded
    puts the item in the kernel; one that failed leaves the record for its
    owner's next change, as sn__settle does); then one wait, and the
    delivery. Returns 1 when it answered the call (err set); 0 when the
-   caller must go on with sn__run: the port is not in that case, or a
-   blocking wait dequeued only stale events and must wait again. */
+   caller must go on with sn__run: the port is not in that case, or the
+   wait dequeued only stale events and must wait again (for the time
+   left, written to *timeout_left). */
 #define SN_QUICK_BATCH  16
 
 static int sn__select_quick(sn_port_t *port, int64_t timeout_ms, sn_kevent_t *events,
-                            uint32_t max_events, sn_sink_t *sink, int *err) {
+                            uint32_t max_events, sn_sink_t *sink, int *err,
+                            int64_t *timeout_left) {
     sn_registration_t kregs[SN_QUICK_BATCH];
     uint32_t slots[SN_QUICK_BATCH];
     uint32_t got = 0, dropped = 0, reported = 0, i, n;
 
+    int64_t deadline = 0;
+
     if ((port->ops->caps & (SN_CAP_CHANGES_AT_ONCE | SN_CAP_KEY_FIXED)) !=
-            SN_CAP_CHANGES_AT_ONCE || (timeout_ms != 0 && timeout_ms != SN_INFINITE))
+            SN_CAP_CHANGES_AT_ONCE)
         return 0;
+    if (timeout_ms > 0)
+        deadline = sn_now_ms() + timeout_ms;
     sn_mutex_lock(&port->lock);
     if (port->deferred_count != 0) {
         sn_mutex_unlock(&port->lock);
@@ -1499,7 +1505,13 @@ static int sn__select_quick(sn_port_t *port, int64_t timeout_ms, sn_kevent_t *ev
     if (*err != 0 || reported != 0 || timeout_ms == 0 || (got == 0 && dropped == 0) ||
         sn_atomic_load(&port->closing))
         return 1;
-    return 0;   /* only stale events: sn__run waits again */
+    /* Only stale events: sn__run waits again, for the time left. */
+    if (timeout_ms > 0) {
+        *timeout_left = deadline - sn_now_ms();
+        if (*timeout_left <= 0)
+            return 1;
+    }
+    return 0;
 }
 
 uint32_t sn_port_select_changes(sn_port_t *port) {
@@ -1533,7 +1545,7 @@ int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
     max_events = sink.cap / 2 - count;
     wait_ms = sn__wait_ms(timeout_ms);
     if (count != 0 || !sn__select_quick(port, wait_ms, port->bound_events, max_events,
-                                        &sink, &err))
+                                        &sink, &err, &wait_ms))
         err = sn__run(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE,
                       port->bound_changes, count, wait_ms, max_events,
                       port->bound_events, &sink);
@@ -1576,6 +1588,10 @@ int64_t sn_port_select_at(uintptr_t port, uint32_t count, double timeout_ms) {
 
 int64_t sn_port_poll_at(uintptr_t port) {
     return sn_port_select((sn_port_t *)port, 0, 0.0);
+}
+
+int64_t sn_port_wait_at(uintptr_t port, double timeout_ms) {
+    return sn_port_select((sn_port_t *)port, 0, timeout_ms);
 }
 
 int64_t sn_port_block_at(uintptr_t port) {

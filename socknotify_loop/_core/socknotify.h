@@ -218,6 +218,8 @@ int64_t sn_port_select_at(uintptr_t port, uint32_t count, double timeout_ms);
    tuple and converts one integer. */
 int64_t sn_port_poll_at(uintptr_t port);
 int64_t sn_port_block_at(uintptr_t port);
+/* sn_port_select_at(port, 0, timeout_ms): a timed wait with no queued change. */
+int64_t sn_port_wait_at(uintptr_t port, double timeout_ms);
 uintptr_t sn_port_address(sn_port_t *port);
 #define SN_SELECT_ONE_MAX_KEY  0x1FFFFFFFFFFFFFFF
 /* How many bound changes the last sn_port_select() carried (0 if it
