@@ -336,6 +336,41 @@ def test_no_epoll_instance_to_be_had_never_spins(epoll_faults):
     assert out.strip() == "ok"
 
 
+@pytest.mark.timeout(90)
+def test_a_wait_that_dequeues_only_stale_events_waits_for_the_time_left(epoll_faults):
+    """Each wait dequeues an event for no live registration (injected): the
+    port drops it and waits again for the time left, neither returning
+    early (the loop would spin until its timer is due) nor waiting longer,
+    and an endless wait still reports what comes later."""
+    out = run_with_faults(epoll_faults, """
+        import socket, threading, time
+        from socknotify_loop.selector import NotifySelector
+        sel = NotifySelector("epoll")
+        a, pa = socket.socketpair()
+        sel.register(a, 1, "a")
+        arm("stale", 6)
+        waits = sel.port.counters()["waits"]
+        start = time.monotonic()
+        assert sel.select(0.3) == []
+        took = time.monotonic() - start
+        assert 0.29 <= took < 2, took
+        # Six stale events, each followed by a wait again: the injection ran.
+        assert sel.port.counters()["waits"] - waits >= 7, sel.port.counters()
+        fast = sel.fast_path
+        arm("stale", 9)                 # three more, for the loop's timed wait
+        start = time.monotonic()
+        assert fast.wait(fast.port, 200.0) == 0
+        took = time.monotonic() - start
+        assert 0.19 <= took < 2, took
+        arm("stale", 11)                # two more, for its endless wait
+        threading.Timer(0.2, pa.send, (b"x",)).start()
+        got = fast.block(fast.port)
+        assert got & 3 == 1 and fast.keys[got >> 2].data == "a", got
+        print("ok")
+        """)
+    assert out.strip() == "ok"
+
+
 # -- outer pollers ----------------------------------------------------------------
 
 

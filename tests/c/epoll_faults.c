@@ -8,12 +8,17 @@
  * every call so that a test can arm a fault after its set-up:
  *   add      epoll_ctl(EPOLL_CTL_ADD) fails with the errno written in it
  *   create   epoll_create1() fails with the errno written in it
+ *   stale    the first n calls of epoll_wait() with a timeout (n written in
+ *            it, counted from the process start) each return at once one
+ *            event under a key no registration has: what a wait dequeues
+ *            for a registration removed after the kernel queued it
  * A missing file (or variable) means the real call.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
@@ -58,4 +63,19 @@ int epoll_create1(int flags) {
     if (real == NULL)
         *(void **)&real = dlsym(RTLD_NEXT, "epoll_create1");
     return real(flags);
+}
+
+int epoll_wait(int epfd, struct epoll_event *events, int maxevents, int timeout) {
+    static int (*real)(int, struct epoll_event *, int, int);
+    static int served;
+    if (timeout != 0 && maxevents > 0 && served < fault("stale")) {
+        served++;
+        events[0].events = EPOLLIN;
+        /* Slot 0x7FFFFFFF, generation 0xFFFF: never a live record's key. */
+        events[0].data.u64 = UINT64_C(0xFFFF00007FFFFFFF);
+        return 1;
+    }
+    if (real == NULL)
+        *(void **)&real = dlsym(RTLD_NEXT, "epoll_wait");
+    return real(epfd, events, maxevents, timeout);
 }
