@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak run of socknotify_loop: many connections for a fixed time.
 
-    python benchmarks/soak.py --seconds 30 --connections 10000
+    python -m benchmarks.soak --seconds 30 --connections 10000
 
 Not a timing benchmark: it looks for what only time and numbers expose.
 ``--connections`` clients (10,000 by default on Linux, 2,000 on Windows)
@@ -99,7 +99,7 @@ def open_descriptors() -> int:
 def resident_bytes() -> int:
     """Resident set size in bytes: the benchmarks' own reading (cases.py,
     beside this file), working set on Windows."""
-    from cases import rss_bytes
+    from .cases import rss_bytes
     return rss_bytes()
 
 

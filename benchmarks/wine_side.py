@@ -29,7 +29,7 @@ import sys
 import zipfile
 from types import ModuleType
 
-from runner import RAW, ROOT, Platform
+from .runner import RAW, ROOT, Platform
 
 #: the name tools/wine/ is imported under here (its modules import each
 #: other relatively, so any name serves)
@@ -38,8 +38,9 @@ WINE_TOOLS = "socknotify_wine_tools"
 
 def _wine_tools(module: str) -> ModuleType:
     """One module of tools/wine/, the package ``python -m tools.wine`` runs,
-    imported from its folder: run.py's sys.path starts with benchmarks/, not
-    with the project root where ``tools`` would be found."""
+    imported from its folder, not as ``tools``: run by path, run.py puts the
+    project root last on sys.path, where another distribution's top-level
+    ``tools`` package would be found first."""
     if WINE_TOOLS not in sys.modules:
         folder = os.path.join(ROOT, "tools", "wine")
         spec = importlib.util.spec_from_file_location(
