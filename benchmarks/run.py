@@ -46,7 +46,17 @@ if __name__ == "__main__" and not __package__:
     from benchmarks.run import main
     sys.exit(main())
 
-from . import counting, instructions, kernel_calls, machine, report, runner, syscalls, targets
+from . import (
+    counting,
+    instructions,
+    kernel_calls,
+    machine,
+    pyperf_files,
+    report,
+    runner,
+    syscalls,
+    targets,
+)
 from .loops import LINUX_LOOPS, OURS, REFERENCES, WINDOWS_LOOPS
 from .platforms import ensure_inplace_build, linux_platform, windows_platform
 from .runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress
@@ -294,6 +304,10 @@ def main(argv=None) -> int:
     with open(output, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, sort_keys=True)
     log(f"results: {os.path.relpath(output, ROOT)} ({meta['run_seconds']:.0f} s)")
+
+    folder = pyperf_files.folder_for(output)
+    if pyperf_files.write(results, folder):
+        log(f"pyperf files: {os.path.relpath(folder, ROOT)} (python -m pyperf compare_to ...)")
 
     for line in targets.lines(results):
         log(line)
