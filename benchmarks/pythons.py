@@ -26,10 +26,13 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from typing import List
+
+from . import requirement
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,11 +50,13 @@ LOOPS = "asyncio,asyncio-aa,socknotify"
 def measure(version: str, rounds: int, stamp: str) -> str:
     """Run benchmarks/run.py in the chroot on ``version``; the results file."""
     inside = f"/root/bench-{version}.json"
+    bench = ["python", "benchmarks/run.py", "--no-wine", "--installed",
+             "--loops", LOOPS, "--cases", ",".join(CASES) + ",instructions",
+             "--rounds", str(rounds), "--output", inside]
+    # The chroot's venv has the test requirements; run.py needs pyperf too.
+    script = f"pip install -q {shlex.quote(requirement('pyperf'))} && exec {shlex.join(bench)}"
     command = [sys.executable, "-m", "tools.chroot", "run", "--py", version, "--fresh",
-               "--with", "valgrind", "--",
-               "python", "benchmarks/run.py", "--no-wine", "--installed",
-               "--loops", LOOPS, "--cases", ",".join(CASES) + ",instructions",
-               "--rounds", str(rounds), "--output", inside]
+               "--with", "valgrind", "--", "sh", "-c", script]
     print("$ " + " ".join(command), flush=True)
     subprocess.check_call(command, cwd=ROOT)
     tree = subprocess.run([sys.executable, "-m", "tools.chroot", "path"], cwd=ROOT,
