@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak run of socknotify_loop: many connections for a fixed time.
 
-    python -m benchmarks.soak --seconds 30 --connections 10000
+    python benchmarks/soak.py --seconds 30 --connections 10000
 
 Not a timing benchmark: it looks for what only time and numbers expose.
 ``--connections`` clients (10,000 by default on Linux, 2,000 on Windows)
@@ -52,6 +52,15 @@ import struct
 import subprocess
 import sys
 import time
+
+if __name__ == "__main__" and not __package__:
+    # Run by path, as documented: the package is imported from the project
+    # root, put last on sys.path, so the installed socknotify_loop (not the
+    # source tree, which has no compiled core) is the one soaked.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.append(sys.path.pop(0))
+    from benchmarks.soak import main
+    sys.exit(main())
 
 import socknotify_loop
 
