@@ -29,6 +29,8 @@ import sys
 import zipfile
 from types import ModuleType
 
+import psutil
+
 from .runner import RAW, ROOT, Platform
 
 #: the name tools/wine/ is imported under here (its modules import each
@@ -143,41 +145,20 @@ def _output_to(path: str):
                 os.close(fd)
 
 
-def _proc_status(pid: int) -> dict[str, str]:
-    fields = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields[key] = value.strip()
-    except OSError:
-        pass
-    return fields
-
-
-def _prefix_of(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"WINEPREFIX="):
-                    return item[len(b"WINEPREFIX="):].decode()
-    except OSError:
-        pass
-    return None
-
-
 def placement() -> dict[str, str]:
-    """CPU affinity of our python.exe and wineserver, read from /proc."""
+    """CPU affinity of our python.exe and wineserver (psutil, which pyperf
+    brings), as lists of CPUs such as "0" or "0,1"."""
     found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for proc in psutil.process_iter(["name"]):
+        name = proc.info["name"] or ""
+        if not (name.startswith("wineserver") or name == "python.exe"):
             continue
-        status = _proc_status(int(entry))
-        name = status.get("Name", "")
-        # Debian's server is wineserver64; ours is told apart by its prefix.
-        if (name.startswith("wineserver") or name == "python.exe") \
-                and _prefix_of(int(entry)) == BENCH_PREFIX:
-            found[name] = status.get("Cpus_allowed_list", "?")
+        try:
+            # Debian's server is wineserver64; ours is told apart by its prefix.
+            if proc.environ().get("WINEPREFIX") == BENCH_PREFIX:
+                found[name] = ",".join(str(c) for c in sorted(proc.cpu_affinity()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
     return found
 
 
