@@ -55,9 +55,10 @@
  * (REMOVE bookkeeping, edges). Edge registrations reach the polyfill as
  * LEVEL|ONESHOT with the filter minus what is high, re-enabled by the
  * model when a bit falls. A socket value reused after closesocket() is
- * told from the socket registered under it by its address (getsockname)
- * and type, and a handle that is no longer a socket ends its model
- * registration, as closesocket() ends the OS's.
+ * told from the socket registered under it by its address (getsockname),
+ * its peer's address (getpeername) and its type, and a handle that is no
+ * longer a socket ends its model registration, as closesocket() ends the
+ * OS's.
  *
  * What the model cannot know is what Windows really does where the text
  * is silent; `python -m socknotify_loop --probe-os` asks the OS on a
@@ -105,8 +106,10 @@ typedef struct model_reg {
     uint8_t high;             /* edge: reported and not yet seen false */
     uint8_t edge_dirty;       /* edge: the polyfill's filter must change */
     uint32_t removes;         /* REMOVEs applied, REMOVE events not yet dequeued */
-    struct sockaddr_storage name;   /* fingerprint: address and type */
+    struct sockaddr_storage name;   /* fingerprint: address, peer and type */
     int name_len;
+    struct sockaddr_storage peer;
+    int peer_len;
     int type;
     struct model_reg *next;
 } model_reg_t;
@@ -178,26 +181,43 @@ static int model__is_socket(SOCKET s, int *type) {
     return getsockopt(s, SOL_SOCKET, SO_TYPE, (char *)type, &len) == 0;
 }
 
+/* The socket's type, address and peer address. The address alone does not
+   tell a reused handle value from the socket that had it: one end of a
+   loopback pair has the listener's address, and a listener bound to port 0
+   often gets the same port as the last one closed (Linux does, under
+   Wine), so two pairs made one after the other can share handle values
+   and addresses. The peer's address (the other end's ephemeral port)
+   differs. */
 static void model__fingerprint(SOCKET s, struct sockaddr_storage *name, int *name_len,
-                               int *type) {
+                               struct sockaddr_storage *peer, int *peer_len, int *type) {
     int len = (int)sizeof *name;
     memset(name, 0, sizeof *name);
+    memset(peer, 0, sizeof *peer);
     model__is_socket(s, type);
     *name_len = getsockname(s, (struct sockaddr *)name, &len) == 0 ? len : 0;
+    len = (int)sizeof *peer;
+    *peer_len = getpeername(s, (struct sockaddr *)peer, &len) == 0 ? len : 0;
 }
 
 /* Whether the registration still names the socket it was made for: the
    handle is a socket, of the same type, at the same address (a socket
    unbound when registered cannot be told apart: the strict answer is yes). */
 static int model__same_socket(const model_reg_t *r) {
-    struct sockaddr_storage name;
-    int name_len, type;
-    model__fingerprint(r->socket, &name, &name_len, &type);
+    struct sockaddr_storage name, peer;
+    int name_len, peer_len, type;
+    model__fingerprint(r->socket, &name, &name_len, &peer, &peer_len, &type);
     if (type == 0 || type != r->type)
         return 0;
     if (r->name_len == 0)
         return 1;
-    return name_len == r->name_len && memcmp(&name, &r->name, (size_t)name_len) == 0;
+    if (name_len != r->name_len || memcmp(&name, &r->name, (size_t)name_len) != 0)
+        return 0;
+    /* A peer known then and now must be the same one. A socket connected
+       since its registration, or whose connection has ended, cannot be told
+       apart by it: the strict answer is again yes. */
+    if (r->peer_len == 0 || peer_len == 0)
+        return 1;
+    return peer_len == r->peer_len && memcmp(&peer, &r->peer, (size_t)peer_len) == 0;
 }
 
 static int model__same_socket(const model_reg_t *r);
@@ -318,7 +338,8 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             r->serial = mp->serial;
             r->port_alive = 1;
             r->key = (ULONG_PTR)reg->completionKey;
-            model__fingerprint(reg->socket, &r->name, &r->name_len, &r->type);
+            model__fingerprint(reg->socket, &r->name, &r->name_len, &r->peer, &r->peer_len,
+                               &r->type);
             poly.completionKey = (PVOID)r->key;
             {
                 /* Filled in only if the polyfill accepts. */
@@ -579,7 +600,8 @@ int64_t sn_model_control_port(HANDLE iocp, int what, uint64_t socket, int64_t va
                 model_reg_t *r = &model__refused[model__refused_count++];
                 memset(r, 0, sizeof *r);
                 r->socket = (SOCKET)socket;
-                model__fingerprint(r->socket, &r->name, &r->name_len, &r->type);
+                model__fingerprint(r->socket, &r->name, &r->name_len, &r->peer, &r->peer_len,
+                                   &r->type);
             }
         }
         break;
