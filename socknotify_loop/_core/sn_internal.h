@@ -24,6 +24,7 @@
 #include <stddef.h>
 
 #include "sn_platform.h"
+#include "sn_hash.h"
 
 /* One event as the backend returns it. */
 typedef struct sn_kevent {
@@ -148,11 +149,8 @@ struct sn_port {
     uint32_t *free_slots;       /* stack of free slot numbers */
     uint32_t free_count;
     uint32_t live_count;
-    /* socket -> slot, open addressing with linear probing; 0 = empty,
-       otherwise slot + 1; SN_TOMBSTONE marks a deleted entry. */
-    uint32_t *index;
-    uint32_t index_cap;         /* power of two */
-    uint32_t index_used;        /* entries + tombstones */
+    /* socket -> slot + 1 (sn_hash.h): every record that is not FREE. */
+    sn_hash_t index;
     /* Delivered one-shot registrations awaiting an SN_PROCESS_REARM call;
        tracked once such a call has been made (rearm_mode). */
     uint32_t *rearm_slots;
@@ -178,7 +176,7 @@ struct sn_port {
        thread selects at a time (`selecting`), and a busy loop re-arms
        more than a stack's worth of sockets on every select. */
     sn_registration_t *select_kregs;
-    void *select_pending;       /* sn_pending_t[], private to sn_port.c */
+    void *select_memos;         /* sn_memo_t[] (sn_run.h) */
     uint32_t select_scratch_cap;
 
     /* Kernel calls made for this port (SN_COUNT_*). */
@@ -213,8 +211,32 @@ extern const sn_backend_ops_t sn_afd_ops;   /* the same port code on the polyfil
 extern const sn_backend_ops_t sn_strict_ops; /* the strict model (sn_model.c), tests */
 #endif
 
-/* Count a caller in and out of a port (sn_port.c, "Closing"), for entry
-   points that live in a backend's file (sn_model_control). */
+/* The backend table of an SN_BACKEND_* id compiled here, or NULL
+   (sn_backends.c). */
+const sn_backend_ops_t *sn__ops_for(int backend);
+
+/* Whether the port was opened by the parent of this forked process. */
+SN_INLINE int sn__inherited(const sn_port_t *port) {
+    return port->fork_generation != sn_fork_generation();
+}
+
+/* Count the caller in, unless the port is closing or inherited (sn_port.c,
+   "Closing"). Inline: every entry point starts with it. */
+SN_INLINE int sn__enter(sn_port_t *port) {
+    sn_atomic_inc(&port->users);
+    if (sn_atomic_load(&port->closing) || sn__inherited(port)) {
+        sn_atomic_dec(&port->users);
+        return SN_ERROR_CLOSED;
+    }
+    return 0;
+}
+
+SN_INLINE void sn__leave(sn_port_t *port) {
+    sn_atomic_dec(&port->users);
+}
+
+/* The same, for entry points that live in a backend's file
+   (sn_model_control). */
 int sn_port_enter(sn_port_t *port);
 void sn_port_leave(sn_port_t *port);
 
