@@ -71,6 +71,7 @@
 
 #include "sn_internal.h"
 #include "sn_win.h"
+#include "sn_afd.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -49,6 +49,7 @@
 #include "sn_run.h"
 #include "sn_rearm.h"
 #include "sn_table.h"
+#include "sn_translate.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -213,10 +214,12 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     }
     /* The caller's changes first: a registration it removes or re-enables
        in this call is then no longer due for a re-arm of ours. */
-    refused = sn__prepare(port, flags, regs, kregs, memos, count);
-    if (flags & SN_PROCESS_REARM)
+    refused = count != 0 ? sn__prepare(port, flags, regs, kregs, memos, count) : 0;
+    if ((flags & SN_PROCESS_REARM) && port->rearm_count != 0)
         internal = sn__prepare_rearms(port, kregs + count, memos + count);
-    internal += sn__prepare_deferred(port, kregs + count + internal, memos + count + internal);
+    if (port->deferred_count != 0)
+        internal += sn__prepare_deferred(port, kregs + count + internal,
+                                         memos + count + internal);
     total = count + internal;
     if (total != 0 && (port->ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
         /* Applied (a system call each, never blocking) and settled under
@@ -360,20 +363,4 @@ int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t even
     err = sn__run(port, SN_PROCESS_QUIET_REMOVE, &reg, 1, 0, 0, NULL, &sink);
     sn__leave(port);
     return err != 0 ? err : (int)reg.result;
-}
-
-/* The one conversion of a timeout (sn_run.h). Milliseconds as a double,
-   so the Python side hands over `seconds * 1000.0` as it is: turning it
-   into an integer in Python (a float floor and an int() call) cost more
-   than the rest of a timed wait's set-up. */
-int64_t sn__wait_ms(double timeout_ms) {
-    int64_t ms;
-    if (timeout_ms < 0)
-        return SN_INFINITE;
-    if (!(timeout_ms > 0))
-        return 0;
-    if (timeout_ms >= (double)SN_LONGEST_WAIT_MS)
-        return SN_LONGEST_WAIT_MS;
-    ms = (int64_t)timeout_ms;
-    return (double)ms < timeout_ms ? ms + 1 : ms;
 }

@@ -56,7 +56,7 @@
  * occurred", changing completion keys); epoll_ctl(2) for the MOD/ADD
  * errors the epoll backend maps onto the same verdicts.
  */
-#include "sn_run.h"
+#include "sn_translate.h"
 #include "sn_rearm.h"
 #include "sn_table.h"
 

@@ -21,6 +21,7 @@
 
 #include "sn_internal.h"
 #include "sn_win.h"
+#include "sn_afd.h"
 
 /* The polyfill asserts its poll-state transitions (sn_afd_sock.c); this
    test is where a wrong one must abort, so it is built with them on. */
