@@ -106,7 +106,7 @@ void sn_afd_port_release(HANDLE iocp) {
     AcquireSRWLockExclusive(&ap->lock);
     /* Every live state is orphaned: freed now if idle, else cancelled and
        freed when its completion is drained below. States already REMOVING
-       or ORPHAN are reachable only through their pending completions.
+       or ORPHAN are reachable only through the completions still ahead.
        (Detaching takes the state out of the table, so the walk moves on.) */
     while ((sock = sn_afd_sock_next(&ap->socks, &pos)) != NULL)
         sn_afd_sock_detach(&ap->socks, sock, AFD_FATE_ORPHAN);

@@ -14,13 +14,13 @@
  *
  *   poll_status: who owns iosb and poll_info
  *
- *       IDLE --submit--> PENDING --cancel--> CANCELLED
- *        ^                  |                    |
- *        +---- completion --+---- completion ----+
+ *       IDLE --submit--> IN_FLIGHT --cancel--> CANCELLED
+ *        ^                   |                     |
+ *        +---- completion ---+---- completion -----+
  *
  *     No second poll while one is out (two completions for one state
  *     would leave no way to tell which is the last), no cancel of a poll
- *     that is not pending, no completion for a state with none out.
+ *     that is not in flight, no completion for a state with none out.
  *
  *   fate: what the next completion means
  *
@@ -65,8 +65,8 @@
 
 static void afd__poll_move(afd_sock_t *sock, uint8_t to) {
     uint8_t from = sock->poll_status;
-    assert((from == AFD_POLL_IDLE && to == AFD_POLL_PENDING) ||       /* submitted */
-           (from == AFD_POLL_PENDING && to == AFD_POLL_CANCELLED) ||  /* cancel asked */
+    assert((from == AFD_POLL_IDLE && to == AFD_POLL_IN_FLIGHT) ||       /* submitted */
+           (from == AFD_POLL_IN_FLIGHT && to == AFD_POLL_CANCELLED) ||  /* cancel asked */
            (from != AFD_POLL_IDLE && to == AFD_POLL_IDLE));           /* completed */
     (void)from;
     sock->poll_status = to;
@@ -204,7 +204,7 @@ void sn_afd_sock_detach(afd_sockets_t *ss, afd_sock_t *sock, uint8_t fate) {
         /* Nothing in flight: nobody else references this memory. */
         afd__sock_free(ss, sock);
         break;
-    case AFD_POLL_PENDING:
+    case AFD_POLL_IN_FLIGHT:
         /* In flight: ask for it back; sn_afd_sock_feed finishes the job. */
         afd__sock_cancel(ss, sock);
         break;
@@ -232,7 +232,7 @@ static DWORD afd__sock_submit(afd_sockets_t *ss, afd_sock_t *sock, ULONG events)
        completion packet is queued on the port (the helper does not skip
        completion ports on success). */
     if (status == AFD_STATUS_PENDING || AFD_NT_SUCCESS(status)) {
-        afd__poll_move(sock, AFD_POLL_PENDING);
+        afd__poll_move(sock, AFD_POLL_IN_FLIGHT);
         sock->poll_events = events;
         sock->poll_base = sock->base;
         sock->enabled_since_submit = 0;
@@ -268,7 +268,7 @@ static void afd__sock_update(afd_sockets_t *ss, afd_sock_t *sock) {
         AFD_COUNT(ss, SN_COUNT_AFD_POSTS);
         PostQueuedCompletionStatus(ss->iocp, SOCK_NOTIFY_EVENT_ERR, sock->key, NULL);
         return;
-    case AFD_POLL_PENDING:
+    case AFD_POLL_IN_FLIGHT:
         /* In flight. It still serves if it covers every wanted condition and
            watches the right socket: a disarmed or narrowed registration just
            ignores what it reports. Otherwise cancel; the completion comes

@@ -22,7 +22,7 @@
 /* Where the one poll of a socket stands. */
 enum {
     AFD_POLL_IDLE = 0,     /* none in flight: we own iosb and poll_info */
-    AFD_POLL_PENDING,      /* in flight: the kernel owns them */
+    AFD_POLL_IN_FLIGHT,    /* the kernel owns them */
     AFD_POLL_CANCELLED,    /* cancel requested: the kernel still owns them */
 };
 

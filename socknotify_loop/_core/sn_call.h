@@ -16,7 +16,7 @@
    "pending" changes are another thing: changes not yet handed to the
    port). */
 typedef struct sn_memo {
-    uint32_t slot;
+    uint32_t recno;
     uint8_t skip;         /* rejected before reaching the kernel */
     uint8_t kind;         /* SN_MEMO_* */
     uint8_t fresh;        /* ENABLE: the record was made for it */

@@ -1,6 +1,7 @@
 /*
  * sn_hash.h -- the core's one map from a socket value to a 64-bit value
- * (sn_hash.c): the port's socket index (socket -> slot + 1, sn_table.c)
+ * (sn_hash.c): the port's socket index (socket -> record number + 1,
+ * sn_table.c)
  * and the AFD polyfill's table (socket -> its afd_sock_t, sn_afd_sock.c)
  * are both this table. cffi never sees this file.
  *
@@ -11,7 +12,7 @@
  * multiplicative mix spreads both over the cells.
  *
  * Values: anything but SN_HASH_EMPTY (0) and SN_HASH_TOMBSTONE (all ones),
- * which mark free and deleted cells. A slot number is stored plus one, a
+ * which mark free and deleted cells. A record number is stored plus one, a
  * pointer as it is.
  *
  * No lock inside: each owner guards its table with its own lock.

@@ -88,7 +88,7 @@ typedef struct sn_backend_ops {
 typedef struct sn_record {
     uint64_t socket;
     uint64_t user_key;
-    uint32_t generation;  /* bumped each time the slot is freed */
+    uint32_t generation;  /* bumped each time the record number is freed */
     uint16_t events;      /* the event filter of the last ENABLE */
     uint8_t  trigger;     /* the trigger flags of the last ENABLE */
     uint8_t  state;       /* SN_RECORD_* */
@@ -144,22 +144,22 @@ struct sn_port {
     volatile long selecting;    /* a thread is inside sn_port_select() */
 
     sn_mutex_t lock;            /* guards everything below */
-    sn_record_t *records;       /* slot -> record */
+    sn_record_t *records;       /* record number -> record */
     uint32_t records_cap;
-    uint32_t *free_slots;       /* stack of free slot numbers */
+    uint32_t *free_recnos;      /* stack of free record numbers */
     uint32_t free_count;
     uint32_t live_count;
-    /* socket -> slot + 1 (sn_hash.h): every record that is not FREE. */
+    /* socket -> record number + 1 (sn_hash.h): every record not FREE. */
     sn_hash_t index;
     /* Delivered one-shot registrations awaiting an SN_PROCESS_REARM call;
        tracked once such a call has been made (rearm_mode). */
-    uint32_t *rearm_slots;
+    uint32_t *rearm_recnos;
     uint32_t rearm_count;
     uint32_t rearm_cap;
     int rearm_mode;
     /* Records reborn after their REMOVE event (SN_CAP_KEY_FIXED): their
        waiting ENABLE goes to the kernel in the next call. */
-    uint32_t *deferred_slots;
+    uint32_t *deferred_recnos;
     uint32_t deferred_count;
     uint32_t deferred_cap;
     /* The count of bound changes the last select carried (sn_port_select_changes). */
@@ -186,14 +186,15 @@ struct sn_port {
 /* Count one kernel call of kind `what` (relaxed: statistics only). */
 #define SN_COUNT(port, what) sn_atomic_add64(&(port)->counters[what], 1)
 
-/* The kernel key of a slot: the generation in the high half, so a reused
-   slot never produces a key that an old notification could carry. Bit 63 is
+/* The kernel key of a record number: the generation in the high half, so
+   a reused record number never produces a key that an old notification
+   could carry. Bit 63 is
    never set, which keeps the top of the key space free for the reserved
    keys (sn_keys.h), and generations start at 1, so no kernel key is 0:
    key 0 belongs to the packets RegisterWaitWithQueue posts (see sn_iocp.c). */
-#define SN_KERNEL_KEY(slot, generation) \
-    ((((uint64_t)(generation) & 0x7fffffffu) << 32) | (uint64_t)(slot))
-#define SN_KEY_SLOT(key)        ((uint32_t)((key) & 0xffffffffu))
+#define SN_KERNEL_KEY(recno, generation) \
+    ((((uint64_t)(generation) & 0x7fffffffu) << 32) | (uint64_t)(recno))
+#define SN_KEY_RECNO(key)       ((uint32_t)((key) & 0xffffffffu))
 #define SN_KEY_GENERATION(key)  ((uint32_t)(((key) >> 32) & 0x7fffffffu))
 
 #include "sn_keys.h"

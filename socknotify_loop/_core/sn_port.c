@@ -140,18 +140,18 @@ uint32_t sn_port_counters(sn_port_t *port, uint64_t *out, uint32_t n) {
    meanwhile) need nobody's attention. No thread is inside. */
 static void sn__remove_all(sn_port_t *port) {
     sn_registration_t *regs;
-    uint32_t slot, n = 0, got = 0, dropped = 0;
+    uint32_t recno, n = 0, got = 0, dropped = 0;
     if (port->live_count == 0)
         return;
     regs = malloc((size_t)port->live_count * sizeof *regs);
     if (regs == NULL)
         return;
-    for (slot = 0; slot < port->records_cap && n < port->live_count; slot++) {
-        sn_record_t *record = &port->records[slot];
+    for (recno = 0; recno < port->records_cap && n < port->live_count; recno++) {
+        sn_record_t *record = &port->records[recno];
         if (record->state != SN_RECORD_LIVE)
             continue;
         regs[n].socket = record->socket;
-        regs[n].key = SN_KERNEL_KEY(slot, record->generation);
+        regs[n].key = SN_KERNEL_KEY(recno, record->generation);
         regs[n].events = 0;
         regs[n].op = SN_OP_REMOVE;
         regs[n].trigger = 0;

@@ -50,23 +50,23 @@
 
 #include <stdlib.h>
 
-int sn__slots_grow_push(uint32_t **slots, uint32_t *count, uint32_t *cap,
-                        uint32_t first_cap, uint32_t slot) {
+int sn__recnos_grow_push(uint32_t **recnos, uint32_t *count, uint32_t *cap,
+                         uint32_t first_cap, uint32_t recno) {
     if (*count == *cap) {
         uint32_t new_cap = *cap ? *cap * 2 : first_cap;
-        uint32_t *bigger = realloc(*slots, (size_t)new_cap * sizeof *bigger);
+        uint32_t *bigger = realloc(*recnos, (size_t)new_cap * sizeof *bigger);
         if (bigger == NULL)
             return 0;
-        *slots = bigger;
+        *recnos = bigger;
         *cap = new_cap;
     }
-    (*slots)[(*count)++] = slot;
+    (*recnos)[(*count)++] = recno;
     return 1;
 }
 
-int sn__deferred_push(sn_port_t *port, uint32_t slot) {
-    return sn__slots_grow_push(&port->deferred_slots, &port->deferred_count,
-                               &port->deferred_cap, 16, slot);
+int sn__deferred_push(sn_port_t *port, uint32_t recno) {
+    return sn__recnos_grow_push(&port->deferred_recnos, &port->deferred_count,
+                                &port->deferred_cap, 16, recno);
 }
 
 /* The ENABLEs that waited for their socket's REMOVE event (sn__rebirth),
@@ -76,18 +76,18 @@ uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs,
                               sn_memo_t *memos) {
     uint32_t i, n = 0;
     for (i = 0; i < port->deferred_count; i++) {
-        uint32_t slot = port->deferred_slots[i];
-        sn_record_t *record = &port->records[slot];
+        uint32_t recno = port->deferred_recnos[i];
+        sn_record_t *record = &port->records[recno];
         if (record->state != SN_RECORD_LIVE || record->in_kernel || record->disabled)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
         kregs[n].socket = record->socket;
-        kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
+        kregs[n].key = SN_KERNEL_KEY(recno, record->generation);
         kregs[n].events = record->events;
         kregs[n].op = SN_OP_ENABLE;
         /* A fresh registration under the new key. */
         kregs[n].trigger = (uint8_t)(record->trigger | SN_TRIGGER_ADD);
         kregs[n].result = 0;
-        memos[n].slot = slot;
+        memos[n].recno = recno;
         memos[n].skip = 0;
         memos[n].kind = SN_MEMO_DEFERRED;
         memos[n].waits = 0;
@@ -124,10 +124,10 @@ void sn__report_deferred_failures(const sn_registration_t *kregs,
 }
 
 void sn__rearm_free(sn_port_t *port) {
-    free(port->rearm_slots);
-    free(port->deferred_slots);
-    port->rearm_slots = NULL;
-    port->deferred_slots = NULL;
+    free(port->rearm_recnos);
+    free(port->deferred_recnos);
+    port->rearm_recnos = NULL;
+    port->deferred_recnos = NULL;
     port->rearm_count = port->rearm_cap = 0;
     port->deferred_count = port->deferred_cap = 0;
 }

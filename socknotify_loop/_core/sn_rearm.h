@@ -10,28 +10,28 @@
 
 #include "sn_call.h"
 
-/* Append `slot` to a growable list of slots, growing it (doubling from
-   `first_cap`). Returns 0, leaving the list as it was, if there is no
-   memory. */
-int sn__slots_grow_push(uint32_t **slots, uint32_t *count, uint32_t *cap,
-                        uint32_t first_cap, uint32_t slot);
+/* Append `recno` to a growable list of record numbers, growing it
+   (doubling from `first_cap`). Returns 0, leaving the list as it was, if
+   there is no memory. */
+int sn__recnos_grow_push(uint32_t **recnos, uint32_t *count, uint32_t *cap,
+                         uint32_t first_cap, uint32_t recno);
 
 /* Note a delivered one-shot registration for the next SN_PROCESS_REARM
    call. Returns 0 if there is no memory, in which case the caller simply
    does not get that registration re-armed for it (as without the flag).
    Inline, as every re-arm of a busy selector passes here. */
-SN_INLINE int sn__rearm_push(sn_port_t *port, uint32_t slot) {
+SN_INLINE int sn__rearm_push(sn_port_t *port, uint32_t recno) {
     if (port->rearm_count < port->rearm_cap) {
-        port->rearm_slots[port->rearm_count++] = slot;
+        port->rearm_recnos[port->rearm_count++] = recno;
         return 1;
     }
-    return sn__slots_grow_push(&port->rearm_slots, &port->rearm_count, &port->rearm_cap,
-                               64, slot);
+    return sn__recnos_grow_push(&port->rearm_recnos, &port->rearm_count,
+                                &port->rearm_cap, 64, recno);
 }
 
 /* Note a reborn record (sn__rebirth) whose ENABLE goes to the kernel with
    the next call. Returns 0, the list unchanged, if there is no memory. */
-int sn__deferred_push(sn_port_t *port, uint32_t slot);
+int sn__deferred_push(sn_port_t *port, uint32_t recno);
 
 /* The port's own re-arms (SN_PROCESS_REARM): an ENABLE, with the filter
    and trigger of the registration's last ENABLE, for every one-shot
@@ -42,13 +42,13 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
                                      sn_memo_t *memos) {
     uint32_t i, n = 0;
     for (i = 0; i < port->rearm_count; i++) {
-        uint32_t slot = port->rearm_slots[i];
-        sn_record_t *record = &port->records[slot];
+        uint32_t recno = port->rearm_recnos[i];
+        sn_record_t *record = &port->records[recno];
         if (record->state != SN_RECORD_LIVE || !record->delivered)
             continue;   /* removed or re-enabled by its owner meanwhile */
         record->delivered = 0;
         kregs[n].socket = record->socket;
-        kregs[n].key = SN_KERNEL_KEY(slot, record->generation);
+        kregs[n].key = SN_KERNEL_KEY(recno, record->generation);
         kregs[n].events = record->events;
         kregs[n].op = SN_OP_ENABLE;
         /* A re-arm renews what the kernel has: if the descriptor was
@@ -58,7 +58,7 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
                                      (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY
                                                         : SN_TRIGGER_ADD));
         kregs[n].result = 0;
-        memos[n].slot = slot;
+        memos[n].recno = recno;
         memos[n].skip = 0;
         memos[n].kind = SN_MEMO_REARM;
         memos[n].waits = 0;

@@ -61,7 +61,7 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
     uint32_t i, before = sink->n + sink->io + (uint32_t)sink->woken;
     for (i = 0; i < count; i++) {
         const sn_kevent_t *ev = &events[i];
-        uint32_t slot, wanted;
+        uint32_t recno, wanted;
         sn_record_t *record;
         if (ev->posted) {
             /* A posted packet (events 0) or an I/O completion (SN_EVENT_IO). */
@@ -77,10 +77,10 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
             }
             continue;
         }
-        slot = SN_KEY_SLOT(ev->key);
-        if (slot >= port->records_cap)
+        recno = SN_KEY_RECNO(ev->key);
+        if (recno >= port->records_cap)
             continue;
-        record = &port->records[slot];
+        record = &port->records[recno];
         if (record->state == SN_RECORD_FREE ||
             record->generation != SN_KEY_GENERATION(ev->key)) {
             /* Stale: queued for a registration since retired, or the
@@ -98,9 +98,9 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
                 sink->n++;
             }
             if (record->reborn)
-                sn__rebirth(port, slot);
+                sn__rebirth(port, recno);
             else
-                sn__record_retire(port, slot);
+                sn__record_retire(port, recno);
             continue;
         }
         /* Queued before a DISABLE or REMOVE ("might still be delivered"):
@@ -113,7 +113,7 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
            nothing in it is reported (the kernel may deliver a condition
            outside the filter, such as an error). */
         if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
-            !record->delivered && sn__rearm_push(port, slot))
+            !record->delivered && sn__rearm_push(port, recno))
             record->delivered = 1;
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);

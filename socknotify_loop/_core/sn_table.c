@@ -1,6 +1,7 @@
 /*
  * sn_table.c -- the port's registration table: one record per registered
- * socket, numbered by a slot, with the generation that makes stale
+ * socket, found by its record number (its index in the records array,
+ * half of its kernel key), with the generation that makes stale
  * notifications recognisable, and the socket index that finds a record
  * from its socket value (sn_hash.c).
  *
@@ -14,13 +15,13 @@
  * So a packet queued for a closed socket can surface after its handle value
  * was registered again, and with raw keys it would be reported to the new
  * registration. The kernel therefore never sees the caller's key. It sees
- * SN_KERNEL_KEY(slot, generation); the generation of a slot is bumped every
- * time the slot is freed, and a dequeued key whose generation no longer
- * matches its slot is dropped. epoll gets the same scheme, because the same
- * contract must hold on every backend even where the kernel would have
- * been kind to us.
+ * SN_KERNEL_KEY(recno, generation); the generation of a record number is
+ * bumped every time the record number is freed, and a dequeued key whose
+ * generation no longer matches its record is dropped. epoll gets the same
+ * scheme, because the same contract must hold on every backend even where
+ * the kernel would have been kind to us.
  *
- * A record is retired (slot freed, generation bumped) when:
+ * A record is retired (record number freed, generation bumped) when:
  *   - the REMOVE event of a successful OP_REMOVE is dequeued (the event is
  *     passed on to the caller with the record's key: the documented moment
  *     when per-registration state may be freed), or at once for a caller
@@ -34,10 +35,11 @@
  *   - an OP_ENABLE fails (the kernel's view of the socket is then unknown).
  *
  * The hazards here are memory ones: the records array moves when it grows
- * (a record pointer held across sn__record_new is stale), and a slot must
- * never be handed out twice (the free-slot stack holds each free slot once:
- * retiring a FREE record does nothing). Slots stay below 2**31 (SN_SLOT_LIMIT)
- * and generations below 2**31, so no kernel key has bit 63 set (sn_keys.h).
+ * (a record pointer held across sn__record_new is stale), and a record
+ * number must never be handed out twice (the stack of free record numbers
+ * holds each once: retiring a FREE record does nothing). Record numbers
+ * stay below 2**31 (SN_RECNO_LIMIT) and generations below 2**31, so no
+ * kernel key has bit 63 set (sn_keys.h).
  *
  * Sources read: Microsoft's article "Winsock socket state notifications"
  * (silent deregistration on closesocket, queued notifications still
@@ -52,47 +54,47 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SN_SLOT_LIMIT 0x7fffffffu
+#define SN_RECNO_LIMIT 0x7fffffffu
 
 static int sn__records_grow(sn_port_t *port) {
     uint32_t old_cap = port->records_cap;
     uint32_t new_cap = old_cap ? old_cap * 2 : 64;
     sn_record_t *records;
-    uint32_t *free_slots;
+    uint32_t *free_recnos;
     uint32_t i;
 
-    if (new_cap > SN_SLOT_LIMIT)
+    if (new_cap > SN_RECNO_LIMIT)
         return SN_ERROR_NO_MEMORY;
     records = realloc(port->records, (size_t)new_cap * sizeof *records);
     if (records == NULL)
         return SN_ERROR_NO_MEMORY;
     port->records = records;
-    free_slots = realloc(port->free_slots, (size_t)new_cap * sizeof *free_slots);
-    if (free_slots == NULL)
+    free_recnos = realloc(port->free_recnos, (size_t)new_cap * sizeof *free_recnos);
+    if (free_recnos == NULL)
         return SN_ERROR_NO_MEMORY;
-    port->free_slots = free_slots;
+    port->free_recnos = free_recnos;
     memset(records + old_cap, 0, (size_t)(new_cap - old_cap) * sizeof *records);
     for (i = old_cap; i < new_cap; i++)
         records[i].generation = 1;   /* no kernel key is ever 0 */
-    /* Push new slots so that the lowest number is popped first. */
+    /* Push new record numbers so that the lowest number is popped first. */
     for (i = new_cap; i > old_cap; i--)
-        port->free_slots[port->free_count++] = i - 1;
+        port->free_recnos[port->free_count++] = i - 1;
     port->records_cap = new_cap;
     return 0;
 }
 
 int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
-                   uint32_t *slot_out) {
+                   uint32_t *recno_out) {
     int err;
-    uint32_t slot;
+    uint32_t recno;
     sn_record_t *record;
 
     if (port->free_count == 0 && (err = sn__records_grow(port)) != 0)
         return err;
     if ((err = sn_hash_reserve(&port->index)) != 0)
         return err;
-    slot = port->free_slots[--port->free_count];
-    record = &port->records[slot];
+    recno = port->free_recnos[--port->free_count];
+    record = &port->records[recno];
     record->socket = socket;
     record->user_key = user_key;
     record->state = SN_RECORD_LIVE;
@@ -102,19 +104,19 @@ int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
     record->reborn = 0;
     /* Replaces the entry of an older record of the same socket value (one
        still REMOVING): lookups find the newest. */
-    sn_hash_put(&port->index, socket, (uint64_t)slot + 1);
+    sn_hash_put(&port->index, socket, (uint64_t)recno + 1);
     port->live_count++;
-    *slot_out = slot;
+    *recno_out = recno;
     return 0;
 }
 
-void sn__record_retire(sn_port_t *port, uint32_t slot) {
-    sn_record_t *record = &port->records[slot];
+void sn__record_retire(sn_port_t *port, uint32_t recno) {
+    sn_record_t *record = &port->records[recno];
     if (record->state == SN_RECORD_FREE)
         return;
     /* Only this record's entry: a newer record of the same socket value
        may have replaced it. */
-    sn_hash_del(&port->index, record->socket, (uint64_t)slot + 1);
+    sn_hash_del(&port->index, record->socket, (uint64_t)recno + 1);
     record->state = SN_RECORD_FREE;
     record->delivered = 0;
     record->in_kernel = 0;
@@ -124,14 +126,14 @@ void sn__record_retire(sn_port_t *port, uint32_t slot) {
     record->generation = (record->generation + 1) & 0x7fffffffu;
     if (record->generation == 0)
         record->generation = 1;
-    port->free_slots[port->free_count++] = slot;
+    port->free_recnos[port->free_count++] = recno;
     port->live_count--;
 }
 
-int sn__rebirth(sn_port_t *port, uint32_t slot) {
-    sn_record_t *record = &port->records[slot];
-    if (!sn__deferred_push(port, slot)) {
-        sn__record_retire(port, slot);
+int sn__rebirth(sn_port_t *port, uint32_t recno) {
+    sn_record_t *record = &port->records[recno];
+    if (!sn__deferred_push(port, recno)) {
+        sn__record_retire(port, recno);
         return 0;
     }
     record->generation = (record->generation + 1) & 0x7fffffffu;
@@ -151,9 +153,9 @@ int sn__rebirth(sn_port_t *port, uint32_t slot) {
 
 void sn__table_free(sn_port_t *port) {
     free(port->records);
-    free(port->free_slots);
+    free(port->free_recnos);
     sn_hash_free(&port->index);
     port->records = NULL;
-    port->free_slots = NULL;
+    port->free_recnos = NULL;
     port->records_cap = port->free_count = port->live_count = 0;
 }

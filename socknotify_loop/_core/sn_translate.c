@@ -46,9 +46,9 @@
  *
  * The hazard of this file is the record pointer: creating a record may
  * move the records array (sn__record_new), so after it the record is read
- * by slot again, never through a pointer taken before. And every verdict
+ * by record number again, never through a pointer taken before. And every verdict
  * is checked against the record's current generation: a verdict about an
- * older generation of the slot has nothing left to settle.
+ * older generation of the record number has nothing left to settle.
  *
  * Sources read: Microsoft's article "Winsock socket state notifications"
  * and the ProcessSocketNotifications reference page (trigger rules, the
@@ -89,7 +89,7 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         sn_registration_t *kreg = &kregs[i];
         sn_memo_t *p = &memos[i];
         sn_record_t *record;
-        uint32_t slot = 0;
+        uint32_t recno = 0;
         int err = 0;
 
         *kreg = *reg;
@@ -100,7 +100,7 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         p->fresh = 0;
         p->waits = 0;
         p->was_disabled = 0;
-        record = sn__lookup(port, reg->socket, &slot);
+        record = sn__lookup(port, reg->socket, &recno);
 
         switch (reg->op) {
         case SN_OP_ENABLE:
@@ -118,7 +118,7 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                 record->next_key = reg->key;
                 record->next_events = reg->events;
                 record->next_trigger = reg->trigger;
-                p->slot = slot;
+                p->recno = recno;
                 p->skip = 1;
                 p->waits = 1;
                 kreg->op = SN_OP_NONE;
@@ -143,32 +143,32 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                     record->next_trigger = reg->trigger;
                     p->was_disabled = record->disabled;
                     p->waits = 2;
-                    p->slot = slot;
+                    p->recno = recno;
                     kreg->op = SN_OP_REMOVE;
                     kreg->events = 0;
                     kreg->trigger = SN_TRIGGER_QUIET;
-                    kreg->key = SN_KERNEL_KEY(slot, record->generation);
+                    kreg->key = SN_KERNEL_KEY(recno, record->generation);
                     continue;
                 } else {
                     /* The socket value was reused (or re-keyed): whatever
                        is queued under the old key must not reach this one. */
-                    sn__record_retire(port, slot);
+                    sn__record_retire(port, recno);
                     record = NULL;
                 }
             }
             if (record == NULL || record->state != SN_RECORD_LIVE) {
                 /* May grow (move) the table: `record` is not read after. */
-                if ((err = sn__record_new(port, reg->socket, reg->key, &slot)) != 0)
+                if ((err = sn__record_new(port, reg->socket, reg->key, &recno)) != 0)
                     break;
                 p->fresh = 1;
             }
-            kreg->trigger |= port->records[slot].in_kernel ? SN_TRIGGER_MODIFY_ONLY
+            kreg->trigger |= port->records[recno].in_kernel ? SN_TRIGGER_MODIFY_ONLY
                                                            : SN_TRIGGER_ADD;
-            p->was_disabled = port->records[slot].disabled;
-            port->records[slot].events = reg->events;
-            port->records[slot].trigger = reg->trigger;
-            port->records[slot].delivered = 0;
-            port->records[slot].disabled = 0;
+            p->was_disabled = port->records[recno].disabled;
+            port->records[recno].events = reg->events;
+            port->records[recno].trigger = reg->trigger;
+            port->records[recno].delivered = 0;
+            port->records[recno].disabled = 0;
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
@@ -214,8 +214,8 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             kreg->op = SN_OP_NONE;
             continue;
         }
-        p->slot = slot;
-        kreg->key = SN_KERNEL_KEY(slot, port->records[slot].generation);
+        p->recno = recno;
+        kreg->key = SN_KERNEL_KEY(recno, port->records[recno].generation);
     }
     return refused;
 }
@@ -224,18 +224,18 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
    "no changes occurred"): put the record back as it was before the call
    (lock held). */
 static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_memo_t *p) {
-    sn_record_t *record = &port->records[p->slot];
+    sn_record_t *record = &port->records[p->recno];
     if (record->state == SN_RECORD_FREE ||
-        SN_KERNEL_KEY(p->slot, record->generation) != kreg->key)
+        SN_KERNEL_KEY(p->recno, record->generation) != kreg->key)
         return;
     if (p->kind == SN_MEMO_REARM) {
-        if (record->state == SN_RECORD_LIVE && sn__rearm_push(port, p->slot))
+        if (record->state == SN_RECORD_LIVE && sn__rearm_push(port, p->recno))
             record->delivered = 1;
         return;
     }
     if (p->kind == SN_MEMO_DEFERRED) {
-        if (!sn__deferred_push(port, p->slot))
-            sn__record_retire(port, p->slot);
+        if (!sn__deferred_push(port, p->recno))
+            sn__record_retire(port, p->recno);
         return;
     }
     switch (kreg->op) {
@@ -249,7 +249,7 @@ static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_memo_
         break;
     case SN_OP_ENABLE:
         if (p->fresh)
-            sn__record_retire(port, p->slot);   /* the kernel never had it */
+            sn__record_retire(port, p->recno);   /* the kernel never had it */
         else
             record->disabled = p->was_disabled;
         break;
@@ -279,7 +279,7 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         if (p->skip) {
             if (p->waits && failed_whole) {
                 /* Its REMOVE never reached the kernel: nothing to wait for. */
-                port->records[p->slot].reborn = 0;
+                port->records[p->recno].reborn = 0;
                 regs[i].result = (uint32_t)call_error;
             }
             continue;
@@ -288,17 +288,17 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             if (i < callers)
                 regs[i].result = (uint32_t)call_error;
             if (p->waits == 2)
-                port->records[p->slot].reborn = 0;   /* and back to LIVE: */
+                port->records[p->recno].reborn = 0;   /* and back to LIVE: */
             sn__unapply(port, &kregs[i], p);
             continue;
         }
         if (i < callers)
             /* A re-key's REMOVE is ours: the caller's ENABLE waits. */
             regs[i].result = p->waits == 2 ? 0 : kregs[i].result;
-        record = &port->records[p->slot];
-        /* A verdict about an older generation of this slot has nothing
+        record = &port->records[p->recno];
+        /* A verdict about an older generation of this record number has nothing
            left to settle. */
-        if (SN_KERNEL_KEY(p->slot, record->generation) != kregs[i].key)
+        if (SN_KERNEL_KEY(p->recno, record->generation) != kregs[i].key)
             continue;
         if (kregs[i].result == 0) {
             if (kregs[i].op == SN_OP_ENABLE)
@@ -310,7 +310,7 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                the key until the REMOVE event: the record waits for it. */
             else if (kregs[i].op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE) &&
                      !key_fixed)
-                sn__record_retire(port, p->slot);
+                sn__record_retire(port, p->recno);
             continue;
         }
         if (p->kind == SN_MEMO_DEFERRED) {
@@ -320,7 +320,7 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             kregs[i].key = record->user_key;
             kregs[i].events = record->events;
             p->kind = SN_MEMO_DEFERRED_FAILED;
-            sn__record_retire(port, p->slot);
+            sn__record_retire(port, p->recno);
             continue;
         }
         /* A failed re-arm of ours: the descriptor went away under its
@@ -336,8 +336,8 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
            the kernel's view unknown. Either way nothing more may be
            delivered under this registration's key. */
         if (kregs[i].op == SN_OP_REMOVE && record->reborn)
-            sn__rebirth(port, p->slot);
+            sn__rebirth(port, p->recno);
         else if (kregs[i].op == SN_OP_REMOVE || kregs[i].op == SN_OP_ENABLE)
-            sn__record_retire(port, p->slot);
+            sn__record_retire(port, p->recno);
     }
 }

@@ -16,7 +16,7 @@
  *                        port code calling a polyfill built on IOCTL_AFD_POLL
  *
  * Keys: the caller's 64-bit key travels with every notification, but the
- * kernel never sees it. The kernel sees a private key made of a table slot and
+ * kernel never sees it. The kernel sees a private key made of a record number and
  * a generation (see sn_internal.h), so a notification still queued for a
  * socket that was closed, and whose handle value was reused by a new
  * registration, is recognised as stale and dropped.
