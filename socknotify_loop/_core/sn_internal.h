@@ -1,13 +1,14 @@
 /*
- * sn_internal.h -- what the portable port layer (sn_port.c) and the backends
- * share. cffi never sees this file.
+ * sn_internal.h -- what the portable port layer and the backends share:
+ * the backend contract (sn_backend_ops_t), the port struct, the record,
+ * kernel keys. cffi never sees this file.
  *
  * Division of labour:
- *   sn_port.c   owns the registration table: caller key <-> kernel key, the
+ *   port layer  owns the registration table: caller key <-> kernel key, the
  *               generation that makes stale notifications recognisable, the
  *               lock that lets several threads share one port, the life
  *               cycle (close, fork), and the retry of a wait whose packets
- *               were all dropped ("wait again for the time left": here and
+ *               it dropped ("wait again for the time left": sn__run, and
  *               nowhere else in the port code).
  *   backend     applies registrations whose .key is already the KERNEL key,
  *               waits once, and returns kernel events (sn_kevent_t) and how
@@ -16,6 +17,27 @@
  *               SN_OP_REMOVE produces one SN_EVENT_REMOVE event for that key,
  *               one-shot registrations disarm after one delivery, packets
  *               posted with post() come back with posted = 1.
+ *
+ * The port layer's files, one concern each (each opens with its essay;
+ * the small internal headers next to them carry what crosses files):
+ *   sn_port.c       life cycle: open, enter/leave, close, fork, free; post,
+ *                   check, counters, the OS handle
+ *   sn_backends.c   the backend registry and queries, the error codes, the
+ *                   raw calls where the OS has none
+ *   sn_table.c/.h   records, their record numbers and generations, the
+ *                   socket index
+ *   sn_hash.c/.h    socket -> value, the core's one hash table (also the AFD
+ *                   polyfill's and the PSN fallback set's)
+ *   sn_translate.c/.h  a call's changes in (caller key -> kernel key, one
+ *                   kernel key per socket) and its verdicts back
+ *   sn_rearm.c/.h   the one-shot re-arm list and the deferred-ENABLE list
+ *   sn_run.c/.h     one call: apply, wait, deliver, wait again; the one
+ *                   timeout conversion (sn__wait_ms)
+ *   sn_select.c     the selector's fast path (bind, select)
+ *   sn_call.h       the memo and the sink a call's files share
+ * The backends: sn_epoll.c (Linux), sn_iocp.c (psn, afd, strict on
+ * Windows), the polyfill behind sn_afd.h (sn_afd*.c), the strict model
+ * (sn_model.c); sn_platform*.c the few OS services the port needs.
  */
 #ifndef SN_INTERNAL_H
 #define SN_INTERNAL_H
@@ -75,8 +97,8 @@ typedef struct sn_backend_ops {
    registration has been dequeued (ProcessSocketNotifications: "to change
    completion keys, deregister the notification, wait for the
    SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). The port then
-   never gives a live socket a new kernel key: see sn_port.c, "One kernel
-   key per socket". */
+   never gives a live socket a new kernel key: see sn_translate.c, "One
+   kernel key per socket". */
 #define SN_CAP_KEY_FIXED 0x100
 
 /* A backend's verdict for every registration of a call that failed as a

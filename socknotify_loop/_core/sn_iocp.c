@@ -22,7 +22,7 @@
  *     time, so the extension still loads where it is missing and the afd
  *     backend takes over.
  *   - The kernel gives back whatever key was registered, 64 bits wide. The
- *     port layer (sn_port.c) never registers keys with bit 63 set, so that
+ *     port layer (sn_table.c) never registers keys with bit 63 set, so that
  *     half of the key space is ours (the table is sn_keys.h):
  *     SN_POST_COMPLETION_KEY marks packets of sn_port_post(), whose caller
  *     key travels in lpOverlapped (a packet posted through the port is
