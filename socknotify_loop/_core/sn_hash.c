@@ -11,7 +11,8 @@
  * keeps a REMOVING record until its REMOVE event, the polyfill keeps a
  * state until the kernel gives its poll back). Two implementations (open
  * addressing in the port, chained buckets in the polyfill) were two places
- * to get that wrong; open addressing was kept, for it allocates nothing
+ * to get that wrong (and the PSN backend's fallback set and the strict
+ * model had two more); open addressing was kept, for it allocates nothing
  * per entry and probes one array.
  *
  * The reuse hazard is why sn_hash_del names the value as well as the

@@ -1,9 +1,10 @@
 /*
  * sn_hash.h -- the core's one map from a socket value to a 64-bit value
  * (sn_hash.c): the port's socket index (socket -> record number + 1,
- * sn_table.c)
- * and the AFD polyfill's table (socket -> its afd_sock_t, sn_afd_sock.c)
- * are both this table. cffi never sees this file.
+ * sn_table.c), the AFD polyfill's table (socket -> its afd_sock_t,
+ * sn_afd_sock.c), the set of sockets the PSN backend handed to the
+ * polyfill (sn_iocp.c) and the strict model's registrations (sn_model.c)
+ * are all this table. cffi never sees this file.
  *
  * Open addressing with linear probing, kept at most half full (entries and
  * tombstones together), each cell holding the socket beside its value so

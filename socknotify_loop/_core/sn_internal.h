@@ -27,7 +27,7 @@
  *   sn_table.c/.h   records, their record numbers and generations, the
  *                   socket index
  *   sn_hash.c/.h    socket -> value, the core's one hash table (also the AFD
- *                   polyfill's and the PSN fallback set's)
+ *                   polyfill's, the PSN fallback set's, the strict model's)
  *   sn_translate.c/.h  a call's changes in (caller key -> kernel key, one
  *                   kernel key per socket) and its verdicts back
  *   sn_rearm.c/.h   the one-shot re-arm list and the deferred-ENABLE list
