@@ -7,6 +7,7 @@
  * (sn_run.c, sn_translate.c, sn_rearm.c), the selector's fast path
  * (sn_select.c), the backend registry (sn_backends.c).
  *
+ * Closing. Python objects may call a port from any thread, and close() may
  * come while others are inside. Every entry point counts itself in
  * `users` (an atomic increment) and THEN looks at `closing`; close() sets
  * `closing` and THEN waits for `users` to drop to zero, waking the waiters
@@ -21,11 +22,10 @@
  * child every call fails as on a closed port, and close() only closes the
  * child's copies of the descriptors (sn_platform.h, fork generation).
  *
- *
- * REMOVEs on close (SN_CAP_KEY_FIXED). "A socket can be associated with
- * only one completion port" (Microsoft's ProcessSocketNotifications
- * reference page): a socket that outlives the port must not stay tied to
- * the dead one, so close() REMOVEs every live registration first.
+ * REMOVEs on close (SN_CAP_KEY_FIXED). "A socket may be associated with
+ * only a single I/O completion port" (Microsoft's article "Winsock socket
+ * state notifications"): a socket that outlives the port must not stay
+ * tied to the dead one, so close() REMOVEs every live registration first.
  *
  * Sources read: Microsoft's article "Winsock socket state notifications"
  * and the ProcessSocketNotifications reference page; wepoll's port.c (a

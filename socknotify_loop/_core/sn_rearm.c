@@ -24,9 +24,9 @@
  *
  * Deferred ENABLEs (SN_CAP_KEY_FIXED: the completion-port backends).
  * ProcessSocketNotifications keeps a socket's first completion key until
- * the REMOVE event of its registration has been dequeued (the reference
- * page: "to change completion keys, deregister the notification, wait for
- * the SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). An ENABLE
+ * the REMOVE event of its registration has been dequeued (Microsoft's
+ * article: "to change completion keys, deregister the notification, wait
+ * for the SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). An ENABLE
  * that came while the REMOVE was on its way waits in its record
  * (sn_translate.c); when the event is in, the record is reborn under a new
  * generation (sn__rebirth, sn_table.c) and its ENABLE joins the deferred
@@ -41,10 +41,9 @@
  * reborn record is retired, its owner hearing of it as an error event.
  *
  * Sources read: Microsoft's article "Winsock socket state notifications"
- * (one-shot registrations, their re-enabling) and the
- * ProcessSocketNotifications reference page (the REMOVE event and
- * completion keys); epoll(7) on EPOLLONESHOT and its re-arm by
- * EPOLL_CTL_MOD.
+ * (one-shot registrations and their re-enabling, the REMOVE event and
+ * completion keys) and the ProcessSocketNotifications reference page;
+ * epoll(7) on EPOLLONESHOT and its re-arm by EPOLL_CTL_MOD.
  */
 #include "sn_rearm.h"
 
