@@ -2,8 +2,9 @@
  * sn_run.c -- one call on a port, from the caller's changes to the
  * notifications it returns: the routine behind sn_port_process(),
  * sn_port_change() and sn_port_select() (sn__run), the stale-notification
- * filter (sn__deliver), the one conversion of a timeout (sn__wait_ms),
- * and the one "wait again for the time left" of the core.
+ * filter (sn__deliver), and the one "wait again for the time left" of
+ * the core; its header holds the one conversion of a timeout
+ * (sn__wait_ms, inline for the select path).
  *
  * The shape of a call is ProcessSocketNotifications': apply changes in
  * order, then dequeue. Microsoft's article "Winsock socket state
@@ -26,14 +27,14 @@
  * a loop of its own inside its one call (sn_afd.c), because it stands in
  * for the OS function, which never returns for its own packets -- that
  * loop is part of being ProcessSocketNotifications, and uses the same
- * deadline arithmetic (sn_deadline, sn_time_left: sn_platform.h). What is left to
- * Python is only the retry after a signal (PEP 475), since a signal's
- * Python handler runs only between two calls into the core; it hands the
- * time left back here as milliseconds, rounded once, by sn__wait_ms.
+ * deadline arithmetic (sn_deadline, sn_time_left: sn_platform.h). What is
+ * left to Python is only the retry after a signal (PEP 475), since a
+ * signal's Python handler runs only between two calls into the core; it
+ * hands the time left back as milliseconds, rounded by sn__wait_ms.
  *
  * Timeouts. The Python side hands every timeout over as milliseconds in a
- * double (seconds * 1000.0) and the core rounds it, once, here: up, so
- * that a wait never ends before its time (a loop woken before its timer
+ * double (seconds * 1000.0) and the core rounds it, once, in sn__wait_ms:
+ * up, so that a wait never ends before its time (a loop woken before its timer
  * is due would spin: asyncio and the stdlib selectors round up too).
  *
  * Locking: one mutex guards the table. It is held while registrations are
