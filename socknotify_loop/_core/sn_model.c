@@ -72,11 +72,11 @@
 
 #include "sn_internal.h"
 #include "sn_win.h"
+#include "sn_afd.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define MODEL_BUCKETS 512
 #define MODEL_REFUSED_MAX 64
 #define MODEL_STACK_REGS 64
 
@@ -111,22 +111,17 @@ typedef struct model_reg {
     struct sockaddr_storage peer;
     int peer_len;
     int type;
-    struct model_reg *next;
 } model_reg_t;
 
 static SRWLOCK model__lock = SRWLOCK_INIT;
-static model_reg_t *model__table[MODEL_BUCKETS];
+/* socket -> its model_reg_t (the core's one hash table, sn_hash.h). */
+static sn_hash_t model__table;
 static model_port_t *model__ports;
 static uint32_t model__serials;
 /* Sockets a test told the model to refuse, with their fingerprint: a
    value reused by another socket after closesocket() is not refused. */
 static model_reg_t model__refused[MODEL_REFUSED_MAX];
 static uint32_t model__refused_count;
-
-static uint32_t model__bucket(SOCKET s) {
-    uint64_t h = (uint64_t)s * 0x9E3779B97F4A7C15ull;
-    return (uint32_t)(h >> 40) % MODEL_BUCKETS;
-}
 
 static model_port_t *model__port(HANDLE iocp, int create) {
     model_port_t *mp;
@@ -146,33 +141,27 @@ static model_port_t *model__port(HANDLE iocp, int create) {
 }
 
 static model_reg_t *model__find(SOCKET s) {
+    return (model_reg_t *)(uintptr_t)sn_hash_get(&model__table, (uint64_t)s);
+}
+
+/* Every registration in turn: start with *pos = 0; NULL after the last.
+   Dropping the one returned before the next call is allowed. */
+static model_reg_t *model__next(uint32_t *pos) {
+    return (model_reg_t *)(uintptr_t)sn_hash_next(&model__table, pos);
+}
+
+static model_reg_t *model__find_key(uint32_t serial, ULONG_PTR key) {
+    uint32_t pos = 0;
     model_reg_t *r;
-    for (r = model__table[model__bucket(s)]; r != NULL; r = r->next)
-        if (r->socket == s)
+    while ((r = model__next(&pos)) != NULL)
+        if (r->serial == serial && r->port_alive && r->key == key)
             return r;
     return NULL;
 }
 
-static model_reg_t *model__find_key(uint32_t serial, ULONG_PTR key) {
-    uint32_t b;
-    model_reg_t *r;
-    for (b = 0; b < MODEL_BUCKETS; b++)
-        for (r = model__table[b]; r != NULL; r = r->next)
-            if (r->serial == serial && r->port_alive && r->key == key)
-                return r;
-    return NULL;
-}
-
 static void model__drop(model_reg_t *dead) {
-    model_reg_t **link = &model__table[model__bucket(dead->socket)];
-    while (*link != NULL) {
-        if (*link == dead) {
-            *link = dead->next;
-            free(dead);
-            return;
-        }
-        link = &(*link)->next;
-    }
+    sn_hash_del(&model__table, (uint64_t)dead->socket, (uint64_t)(uintptr_t)dead);
+    free(dead);
 }
 
 static int model__is_socket(SOCKET s, int *type) {
@@ -349,15 +338,17 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
                 probe.high = high;
                 model__poly_enable(&probe, &poly);
             }
-            if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+            /* Room in the table first: nothing may fail once the
+               polyfill has the registration. */
+            if ((error = (DWORD)sn_hash_reserve(&model__table)) == 0 &&
+                (error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
                                                              NULL)) == 0)
                 error = poly.registrationResult;
             if (error != 0) {
                 free(r);
                 return error;
             }
-            r->next = model__table[model__bucket(r->socket)];
-            model__table[model__bucket(r->socket)] = r;
+            sn_hash_put(&model__table, (uint64_t)r->socket, (uint64_t)(uintptr_t)r);
         } else {
             /* Rule 1: whatever key the caller gives, the first one stays. */
             model_reg_t probe = *r;
@@ -416,29 +407,27 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
 /* Rule 6, at the start of every call (model lock held): a high edge bit
    whose condition is false now has fallen; the polyfill watches it again. */
 static void model__edges(HANDLE iocp, model_port_t *mp) {
-    uint32_t b;
+    uint32_t pos = 0;
     model_reg_t *r;
-    for (b = 0; b < MODEL_BUCKETS; b++) {
-        for (r = model__table[b]; r != NULL; r = r->next) {
-            SOCK_NOTIFY_REGISTRATION poly;
-            uint8_t now;
-            if (r->serial != mp->serial || !r->port_alive || !model__is_edge(r) ||
-                r->state != MODEL_LIVE || !r->armed)
-                continue;
-            if (r->high != 0) {
-                now = model__ready(r->socket, r->high);
-                if ((r->high & (uint8_t)~now & (SOCK_NOTIFY_EVENT_IN | SOCK_NOTIFY_EVENT_OUT)) != 0) {
-                    r->high = (uint8_t)((r->high & now) |
-                                        (r->high & SOCK_NOTIFY_EVENT_HANGUP));
-                    r->edge_dirty = 1;
-                }
+    while ((r = model__next(&pos)) != NULL) {
+        SOCK_NOTIFY_REGISTRATION poly;
+        uint8_t now;
+        if (r->serial != mp->serial || !r->port_alive || !model__is_edge(r) ||
+            r->state != MODEL_LIVE || !r->armed)
+            continue;
+        if (r->high != 0) {
+            now = model__ready(r->socket, r->high);
+            if ((r->high & (uint8_t)~now & (SOCK_NOTIFY_EVENT_IN | SOCK_NOTIFY_EVENT_OUT)) != 0) {
+                r->high = (uint8_t)((r->high & now) |
+                                    (r->high & SOCK_NOTIFY_EVENT_HANGUP));
+                r->edge_dirty = 1;
             }
-            if (!r->edge_dirty)
-                continue;
-            model__poly_enable(r, &poly);
-            sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL, NULL);
-            r->edge_dirty = 0;
         }
+        if (!r->edge_dirty)
+            continue;
+        model__poly_enable(r, &poly);
+        sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL, NULL);
+        r->edge_dirty = 0;
     }
 }
 
@@ -561,23 +550,20 @@ DWORD WINAPI sn_model_process_socket_notifications(
 
 void sn_model_port_closed(HANDLE iocp) {
     model_port_t **link, *mp;
-    uint32_t b;
-    model_reg_t *r, *next;
+    uint32_t pos = 0;
+    model_reg_t *r;
     AcquireSRWLockExclusive(&model__lock);
     for (link = &model__ports; (mp = *link) != NULL; link = &mp->next) {
         if (mp->iocp != iocp)
             continue;
         *link = mp->next;
-        for (b = 0; b < MODEL_BUCKETS; b++) {
-            for (r = model__table[b]; r != NULL; r = next) {
-                next = r->next;
-                if (r->serial != mp->serial)
-                    continue;
-                if (r->state == MODEL_REMOVING)
-                    model__drop(r);     /* its REMOVE was applied: untied */
-                else
-                    r->port_alive = 0;  /* rule 7: tied to a dead port */
-            }
+        while ((r = model__next(&pos)) != NULL) {
+            if (r->serial != mp->serial)
+                continue;
+            if (r->state == MODEL_REMOVING)
+                model__drop(r);     /* its REMOVE was applied: untied */
+            else
+                r->port_alive = 0;  /* rule 7: tied to a dead port */
         }
         free(mp);
         break;
