@@ -15,7 +15,7 @@ each in a fresh process pinned to one CPU:
 A loop that keeps asyncio's transports cannot beat the ceiling; how far
 each loop sits below it is its own cost. Usage::
 
-    python benchmarks/ceiling.py [--rounds 5] [--seconds 2] [--cpu 0]
+    python -m benchmarks.ceiling [--rounds 5] [--seconds 2] [--cpu 0]
 
 Prints round trips per second per round, then the medians and ratios.
 """
@@ -37,7 +37,7 @@ def measure(kind: str, seconds: float) -> float:
     """Round trips per second of one kind, in this process."""
     import asyncio
 
-    import cases
+    from . import cases
     block = bytearray(4 << 20)   # raise glibc's mmap threshold (see worker.py)
     del block
     if kind == "ours":
@@ -62,7 +62,7 @@ def _ceiling(loop, seconds: float) -> float:
     import select
     import time
 
-    import cases
+    from . import cases
     accepted = []
 
     class Echo(cases._EchoProtocol):
@@ -123,13 +123,13 @@ def main() -> None:
         print(json.dumps(measure(options.one, options.seconds)))
         return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, HERE, os.environ.get("PYTHONPATH")) if p))
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for r in range(options.rounds):
         order = KINDS[r % 3:] + KINDS[:r % 3]       # rotate who goes first
         for kind in order:
             out = subprocess.run(
-                ["taskset", "-c", str(options.cpu), sys.executable, __file__,
+                ["taskset", "-c", str(options.cpu), sys.executable, "-m", "benchmarks.ceiling",
                  "--one", kind, "--seconds", str(options.seconds)],
                 check=True, capture_output=True, text=True, env=env, cwd=ROOT).stdout
             rates[kind].append(json.loads(out))

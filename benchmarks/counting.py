@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, Tuple
 
-from loops import CONTROLS
-from runner import RAW, Platform, run_worker
+from .loops import CONTROLS
+from .runner import RAW, Platform, run_worker
 
 # Every ping-pong case: each round trip is the same work, so N of them
 # subtract cleanly. trio expresses the streams case only.

@@ -13,8 +13,8 @@ import re
 import shutil
 from typing import Dict, List
 
-import counting
-from runner import Platform, Progress
+from . import counting
+from .runner import Platform, Progress
 
 SUMMARY = re.compile(r"^(?:summary|totals):\s+(\d+)", re.M)
 

@@ -27,8 +27,8 @@ uvloop, winloop and trio have no such method and are left out.
 """
 from __future__ import annotations
 
-from loops import CONTROLS, OURS
-from runner import Platform, Progress, run_worker
+from .loops import CONTROLS, OURS
+from .runner import Platform, Progress, run_worker
 
 CASES = ["pingpong_streams", "pingpong_protocol", "pingpong_sock"]
 #: loops whose iterations are a Python _run_once the worker can count
@@ -94,15 +94,15 @@ def count(platform: Platform, loops: list[str], counts: tuple, progress: Progres
 
 
 def main(argv=None) -> int:
-    """``python benchmarks/kernel_calls.py``: the counts alone, on this
+    """``python -m benchmarks.kernel_calls``: the counts alone, on this
     machine (Linux, or Windows natively), printed as JSON; run.py takes
     them with every other figure (``--cases kernel_calls``)."""
     import argparse
     import json
     import sys
 
-    from loops import LINUX_LOOPS, WINDOWS_LOOPS
-    from platforms import ensure_inplace_build, linux_platform, windows_platform
+    from .loops import LINUX_LOOPS, WINDOWS_LOOPS
+    from .platforms import ensure_inplace_build, linux_platform, windows_platform
 
     windows = sys.platform == "win32"
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -6,16 +6,7 @@ import os
 import platform
 import sys
 
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+import pyperf
 
 
 def _distribution() -> str:
@@ -56,13 +47,26 @@ def wine_version() -> str:
     return "Wine " + get().decode("ascii", "replace")
 
 
+def pyperf_metadata() -> dict:
+    """pyperf's description of this machine and Python (CPU model, count,
+    frequency and configuration, ASLR, boot time, Python build, timer), as
+    ``python -m pyperf collect_metadata`` collects it; not the host name."""
+    metadata = pyperf.Run([1.0]).get_metadata()
+    for private in ("hostname", "name"):
+        metadata.pop(private, None)
+    return metadata
+
+
 def describe() -> dict:
-    """The machine, as far as the figures depend on it."""
+    """The machine, as far as the figures depend on it: pyperf's metadata,
+    and what it leaves out (virtualisation, distribution, Wine, the load
+    at the start and end of the run)."""
     windows = sys.platform == "win32"
+    metadata = pyperf_metadata()
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu": _cpu_model(),
-        "cpus": os.cpu_count(),
+        "cpu": metadata.get("cpu_model_name") or platform.processor() or "unknown",
+        "cpus": metadata.get("cpu_count", os.cpu_count()),
         "virtualised": _hypervisor(),
         "kernel": platform.version() if windows else platform.release(),
         "os": f"Windows {platform.release()}" if windows else _distribution(),
@@ -70,4 +74,5 @@ def describe() -> dict:
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
         "loadavg_start": loadavg(),
+        "pyperf": metadata,
     }

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Callable
 
-from runner import HERE, ROOT, Platform
+from .runner import HERE, ROOT, Platform
 
 WORKER = os.path.join(HERE, "worker.py")
 

@@ -8,7 +8,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from runner import IDLE_SIZES, TIMED_CASES  # noqa: E402
+
+from .runner import IDLE_SIZES, TIMED_CASES  # noqa: E402
 
 LABELS = {
     "asyncio": "asyncio", "asyncio-aa": "asyncio A/A", "proactor-aa": "Proactor A/A",

@@ -3,8 +3,8 @@ targets (targets.py): loop and case labels, number formats, and the run's
 own noise band (its A/A control)."""
 from __future__ import annotations
 
-from loops import CONTROLS
-from runner import IDLE_SIZES, TIMED_CASES
+from .loops import CONTROLS
+from .runner import IDLE_SIZES, TIMED_CASES
 
 PLATFORM_NAMES = {"linux": "Linux", "wine": "Wine", "windows": "Windows"}
 LOOP_LABELS = {

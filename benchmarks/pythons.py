@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The ping-pong figures on CPython 3.14 and 3.15, against that version's asyncio.
 
-    python benchmarks/pythons.py                 # measure both, write the section
-    python benchmarks/pythons.py --py 3.15       # one version
-    python benchmarks/pythons.py --render benchmarks/results/pythons-*.json
+    python -m benchmarks.pythons                 # measure both, write the section
+    python -m benchmarks.pythons --py 3.15       # one version
+    python -m benchmarks.pythons --render benchmarks/results/pythons-*.json
 
 The host has no CPython 3.14 or 3.15: tools/chroot.py's Debian sid chroot
 does (the one tox's py314/py315 test in). For each version this installs
@@ -26,10 +26,13 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from typing import List
+
+from . import requirement
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,11 +50,13 @@ LOOPS = "asyncio,asyncio-aa,socknotify"
 def measure(version: str, rounds: int, stamp: str) -> str:
     """Run benchmarks/run.py in the chroot on ``version``; the results file."""
     inside = f"/root/bench-{version}.json"
+    bench = ["python", "benchmarks/run.py", "--no-wine", "--installed",
+             "--loops", LOOPS, "--cases", ",".join(CASES) + ",instructions",
+             "--rounds", str(rounds), "--output", inside]
+    # The chroot's venv has the test requirements; run.py needs pyperf too.
+    script = f"pip install -q {shlex.quote(requirement('pyperf'))} && exec {shlex.join(bench)}"
     command = [sys.executable, "-m", "tools.chroot", "run", "--py", version, "--fresh",
-               "--with", "valgrind", "--",
-               "python", "benchmarks/run.py", "--no-wine", "--installed",
-               "--loops", LOOPS, "--cases", ",".join(CASES) + ",instructions",
-               "--rounds", str(rounds), "--output", inside]
+               "--with", "valgrind", "--", "sh", "-c", script]
     print("$ " + " ".join(command), flush=True)
     subprocess.check_call(command, cwd=ROOT)
     tree = subprocess.run([sys.executable, "-m", "tools.chroot", "path"], cwd=ROOT,
@@ -91,7 +96,7 @@ def section(paths: List[str]) -> List[str]:
             runs.append((os.path.relpath(path, ROOT), json.load(f)))
     runs.sort(key=lambda run: tuple(int(x) for x in run[1]["meta"]["python"].split(".")[:2]))
     out = [BEGIN, "## CPython 3.14 and 3.15", "",
-           "Measured by `python benchmarks/pythons.py` in the Debian sid chroot that "
+           "Measured by `python -m benchmarks.pythons` in the Debian sid chroot that "
            "tox's `py314` and `py315` test in (`tools/chroot.py`): each version's own "
            "asyncio against ours on the same version, same run. Instructions: "
            "user-space instructions per round trip under callgrind, two counts of round "

@@ -37,17 +37,29 @@ import os
 import sys
 import time
 
-import counting
-import instructions
-import kernel_calls
-import machine
-import report
-import runner
-import syscalls
-import targets
-from loops import LINUX_LOOPS, OURS, REFERENCES, WINDOWS_LOOPS
-from platforms import ensure_inplace_build, linux_platform, windows_platform
-from runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress
+if __name__ == "__main__" and not __package__:
+    # Run by path (``python benchmarks/run.py``): the package is imported
+    # from the project root, put last on sys.path so that with --installed
+    # an installed socknotify_loop still comes before the source tree.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.append(sys.path.pop(0))
+    from benchmarks.run import main
+    sys.exit(main())
+
+from . import (
+    counting,
+    instructions,
+    kernel_calls,
+    machine,
+    pyperf_files,
+    report,
+    runner,
+    syscalls,
+    targets,
+)
+from .loops import LINUX_LOOPS, OURS, REFERENCES, WINDOWS_LOOPS
+from .platforms import ensure_inplace_build, linux_platform, windows_platform
+from .runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress
 
 WINDOWS = sys.platform == "win32"
 #: the untimed measurements, asked for by name with --cases
@@ -198,7 +210,7 @@ def run_wine(options, cfg, progress) -> dict | None:
     want_kernel_calls = wants_kernel_calls(options)
     if not loops or not (cases or want_kernel_calls):
         return None
-    import wine_side  # only now: it checks for (and may apt-get) Wine and mingw
+    from . import wine_side  # only now: it checks for (and may apt-get) Wine and mingw
     log("Wine: preparing Windows CPython, winloop and our win_amd64 wheel")
     notes = wine_side.prepare(log)
     if "wheel_error" in notes:
@@ -292,6 +304,10 @@ def main(argv=None) -> int:
     with open(output, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, sort_keys=True)
     log(f"results: {os.path.relpath(output, ROOT)} ({meta['run_seconds']:.0f} s)")
+
+    folder = pyperf_files.folder_for(output)
+    if pyperf_files.write(results, folder):
+        log(f"pyperf files: {os.path.relpath(folder, ROOT)} (python -m pyperf compare_to ...)")
 
     for line in targets.lines(results):
         log(line)

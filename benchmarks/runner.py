@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -24,7 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from loops import CONTROLS
+import pyperf
+
+from .loops import CONTROLS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -252,11 +253,24 @@ def memory_runs(platform: Platform, loops: List[str], cfg: dict, progress: Progr
 
 # -- summaries ------------------------------------------------------------------------
 
+def rounds_benchmark(name: str, values: List[float], unit: str = "integer",
+                     metadata: Optional[dict] = None) -> pyperf.Benchmark:
+    """One figure over the rounds as a pyperf benchmark: each round is one
+    worker process, which is what pyperf calls a run (one value each)."""
+    meta = dict(metadata or {}, name=name, unit=unit)
+    return pyperf.Benchmark([pyperf.Run([v], metadata=meta, collect_metadata=False)
+                             for v in values])
+
+
 def stats(values: List[float]) -> Optional[dict]:
+    """Median, mean and standard deviation (pyperf's), min, max, n of one
+    figure over the rounds."""
     if not values:
         return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}
+    bench = rounds_benchmark("stats", values)
+    return {"median": bench.median(), "mean": bench.mean(),
+            "stdev": bench.stdev() if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "n": len(values)}
 
 
 def summarise(records: List[dict], ours: str, references: List[str]) -> dict:
@@ -266,9 +280,11 @@ def summarise(records: List[dict], ours: str, references: List[str]) -> dict:
     for record in records:
         cell = table.setdefault(record["case"], {}).setdefault(
             record["loop"], {"values": {}, "errors": [], "unit": None})
-        if "value" in record:
+        if "value" in record and record["value"] > 0:
             cell["values"][record["round"]] = record["value"]
             cell["unit"] = record.get("unit")
+        elif "value" in record:
+            cell["errors"].append(f"no figure (value {record['value']})")
         elif "error" in record:
             cell["errors"].append(record["error"])
     summary = {}

@@ -53,6 +53,15 @@ import subprocess
 import sys
 import time
 
+if __name__ == "__main__" and not __package__:
+    # Run by path, as documented: the package is imported from the project
+    # root, put last on sys.path, so the installed socknotify_loop (not the
+    # source tree, which has no compiled core) is the one soaked.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.append(sys.path.pop(0))
+    from benchmarks.soak import main
+    sys.exit(main())
+
 import socknotify_loop
 
 WINDOWS = sys.platform == "win32"
@@ -99,7 +108,7 @@ def open_descriptors() -> int:
 def resident_bytes() -> int:
     """Resident set size in bytes: the benchmarks' own reading (cases.py,
     beside this file), working set on Windows."""
-    from cases import rss_bytes
+    from .cases import rss_bytes
     return rss_bytes()
 
 

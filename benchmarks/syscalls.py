@@ -15,8 +15,8 @@ import shutil
 import subprocess
 from typing import Dict, List
 
-import counting
-from runner import Platform, Progress
+from . import counting
+from .runner import Platform, Progress
 
 LINE = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:(\d+)\s+)?(\w+)\s*$")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 
-from kernel_calls import CASES as KERNEL_CALL_CASES
-from loops import CONTROLS, OURS, REFERENCES
-from present import (
+from .kernel_calls import CASES as KERNEL_CALL_CASES
+from .loops import CONTROLS, OURS, REFERENCES
+from .present import (
     PLATFORM_NAMES,
     control_band,
     fmt_bytes,
@@ -21,7 +21,7 @@ from present import (
     inner_band,
     label,
 )
-from runner import IDLE_SIZES, TIMED_CASES
+from .runner import IDLE_SIZES, TIMED_CASES
 
 TARGETS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets.json")
 

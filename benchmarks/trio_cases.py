@@ -12,7 +12,8 @@ import time
 from functools import partial
 
 import trio
-from cases import (
+
+from .cases import (
     BIG,
     HOST,
     PAYLOAD,

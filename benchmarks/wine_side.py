@@ -29,7 +29,9 @@ import sys
 import zipfile
 from types import ModuleType
 
-from runner import RAW, ROOT, Platform
+import psutil
+
+from .runner import RAW, ROOT, Platform
 
 #: the name tools/wine/ is imported under here (its modules import each
 #: other relatively, so any name serves)
@@ -38,8 +40,9 @@ WINE_TOOLS = "socknotify_wine_tools"
 
 def _wine_tools(module: str) -> ModuleType:
     """One module of tools/wine/, the package ``python -m tools.wine`` runs,
-    imported from its folder: run.py's sys.path starts with benchmarks/, not
-    with the project root where ``tools`` would be found."""
+    imported from its folder, not as ``tools``: run by path, run.py puts the
+    project root last on sys.path, where another distribution's top-level
+    ``tools`` package would be found first."""
     if WINE_TOOLS not in sys.modules:
         folder = os.path.join(ROOT, "tools", "wine")
         spec = importlib.util.spec_from_file_location(
@@ -142,41 +145,20 @@ def _output_to(path: str):
                 os.close(fd)
 
 
-def _proc_status(pid: int) -> dict[str, str]:
-    fields = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields[key] = value.strip()
-    except OSError:
-        pass
-    return fields
-
-
-def _prefix_of(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"WINEPREFIX="):
-                    return item[len(b"WINEPREFIX="):].decode()
-    except OSError:
-        pass
-    return None
-
-
 def placement() -> dict[str, str]:
-    """CPU affinity of our python.exe and wineserver, read from /proc."""
+    """CPU affinity of our python.exe and wineserver (psutil, which pyperf
+    brings), as lists of CPUs such as "0" or "0,1"."""
     found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for proc in psutil.process_iter(["name"]):
+        name = proc.info["name"] or ""
+        if not (name.startswith("wineserver") or name == "python.exe"):
             continue
-        status = _proc_status(int(entry))
-        name = status.get("Name", "")
-        # Debian's server is wineserver64; ours is told apart by its prefix.
-        if (name.startswith("wineserver") or name == "python.exe") \
-                and _prefix_of(int(entry)) == BENCH_PREFIX:
-            found[name] = status.get("Cpus_allowed_list", "?")
+        try:
+            # Debian's server is wineserver64; ours is told apart by its prefix.
+            if proc.environ().get("WINEPREFIX") == BENCH_PREFIX:
+                found[name] = ",".join(str(c) for c in sorted(proc.cpu_affinity()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
     return found
 
 

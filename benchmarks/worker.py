@@ -23,8 +23,17 @@ import os
 import sys
 import time
 
-import cases
-import loops
+if __name__ == "__main__" and not __package__:
+    # Run by path, as every worker is (``python benchmarks/worker.py SPEC``,
+    # Windows CPython under Wine too): the package is imported from the
+    # project root, put last on sys.path so that our package unpacked from
+    # the wheel (PYTHONPATH) or installed still comes before the source tree.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.append(sys.path.pop(0))
+    from benchmarks.worker import main
+    sys.exit(main(sys.argv))
+
+from . import cases, loops
 
 
 def prepare_process(pin):
@@ -87,7 +96,8 @@ def run_one(case_name: str, loop_name: str, base_cfg: dict) -> dict:
     timeout = cfg.get("timeout", 120)
     if loop_name == "trio":
         import trio
-        import trio_cases
+
+        from . import trio_cases
         if name not in trio_cases.CASES:
             return {"skipped": "not expressible in trio"}
 

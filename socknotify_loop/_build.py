@@ -21,12 +21,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORE = os.path.join(HERE, "_core")
 HEADER = os.path.join(CORE, "socknotify.h")
 
-# One C file per concern; each backend file compiles to nothing on the
-# operating systems it does not serve (#ifdef guards inside). The AFD
-# polyfill is sn_afd.c (its entry point) and the sn_afd_*.c it is split into.
-SOURCES = [
-    "sn_port.c", "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c",
-    "sn_afd.c", "sn_afd_sock.c", "sn_afd_port.c", "sn_afd_table.c", "sn_afd_group.c",
+# One C file per concern (docs/design.md has the map); each backend file
+# compiles to nothing on the operating systems it does not serve (#ifdef
+# guards inside). The port is sn_port.c (its life cycle) and the files it
+# is split into; the AFD polyfill is sn_afd.c (its entry point) and the
+# sn_afd_*.c it is split into.
+PORT_SOURCES = [
+    "sn_port.c", "sn_backends.c", "sn_table.c", "sn_hash.c", "sn_translate.c",
+    "sn_rearm.c", "sn_run.c", "sn_select.c",
+]
+SOURCES = PORT_SOURCES + [
+    "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c",
+    "sn_afd.c", "sn_afd_sock.c", "sn_afd_port.c", "sn_afd_group.c",
     "sn_afd_ws.c", "sn_afd_nt.c", "sn_model.c",
 ]
 

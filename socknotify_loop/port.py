@@ -17,7 +17,6 @@ core's error codes into the exceptions ``socket`` and ``selectors`` raise.
 from __future__ import annotations
 
 import errno
-import math
 import os
 import struct
 import sys
@@ -121,11 +120,10 @@ _NOTE_SIZE = _NOTIFICATION.size
 _iter_notes = _NOTIFICATION.iter_unpack
 _from_buffer = ffi.from_buffer
 _NULL = ffi.NULL
-_INFINITE: int = lib.SN_INFINITE
+_INFINITE: float = float(lib.SN_INFINITE)
 _ERROR_CLOSED: int = lib.sn_error_closed()
 _ERROR_BUSY: int = lib.sn_error_busy()
 _ERROR_INTERRUPTED: int = lib.sn_error_interrupted()
-_ceil = math.ceil
 # What process() packs when it has no changes (never written to: nothing
 # reads it, since the core gets NULL and no results are unpacked).
 _NO_CHANGES = bytearray()
@@ -178,15 +176,21 @@ def _check_trigger(trigger: int) -> None:
         raise ValueError("TRIGGER_LEVEL and TRIGGER_EDGE are exclusive")
 
 
-def timeout_ms(timeout: Optional[float]) -> int:
-    """Seconds to the core's milliseconds: None waits forever, <= 0 polls,
-    and a positive timeout rounds UP, so a wait never ends early (what the
-    stdlib selectors do)."""
+def wait_ms(timeout: Optional[float]) -> float:
+    """Seconds to the milliseconds the core's waits take, as selectors
+    reads a timeout: None waits forever, ``<= 0`` polls, a positive number
+    is multiplied by 1000 and nothing more. The rounding -- UP to whole
+    milliseconds, so a wait never ends early (what the stdlib selectors
+    do) -- and the clamp belong to the core (``sn__wait_ms``), the one
+    place a timeout is converted. NaN raises ValueError, as selectors'
+    ``math.ceil`` does."""
     if timeout is None:
         return _INFINITE
+    if timeout > 0:
+        return timeout * 1e3
     if timeout <= 0:
-        return 0
-    return min(_ceil(timeout * 1e3), 0x7FFFFFFF)
+        return 0.0
+    raise ValueError(f"timeout must be a number of seconds, not {timeout!r}")
 
 
 class Registration:
@@ -423,7 +427,7 @@ class Port:
         # Everything that can raise ValueError happens before anything is
         # taken from the port or from the held notifications.
         changes = [reg._validated() for reg in registrations]
-        wait_ms = timeout_ms(timeout)
+        wait = wait_ms(timeout)
         count = len(changes)
         packed = _pack(changes) if count else _NO_CHANGES
         capacity = min(max_events, _BATCH_LIMIT)
@@ -435,7 +439,7 @@ class Port:
             with self._lock:
                 held, self._held = self._held, []
             if held:
-                wait_ms = 0
+                wait = 0.0
                 capacity = max(1, capacity - len(held))
 
         try:
@@ -445,7 +449,7 @@ class Port:
         except IndexError:
             raw, buffer, received = self._new_buffer(capacity)
         regs = _from_buffer("sn_registration_t[]", packed) if count else _NULL
-        err = lib.sn_port_process(self._handle, 0, regs, count, wait_ms,
+        err = lib.sn_port_process(self._handle, 0, regs, count, wait,
                                   buffer, capacity, received)
         got = received[0]
         notifications = list(_iter_notes(memoryview(raw)[:got * _NOTE_SIZE])) if got else []

@@ -75,7 +75,7 @@ from .port import (
     TRIGGER_ONESHOT,
     Change,
     Port,
-    timeout_ms,
+    wait_ms,
 )
 from .port import _fileno as _fileobj_to_fd  # validated as selectors do
 
@@ -634,16 +634,16 @@ class NotifySelector(selectors.BaseSelector):
         seconds is rounded up to whole milliseconds. Returns a list of
         ``(key, events)`` with ``events`` a subset of ``key.events``.
         """
-        wait_ms = timeout_ms(timeout)
-        deadline = _monotonic() + timeout if wait_ms > 0 else None  # type: ignore[operator]
+        wait = wait_ms(timeout)
+        deadline = _monotonic() + timeout if wait > 0 else None  # type: ignore[operator]
         try:
             token = self._select_token.pop()
         except IndexError:
             raise RuntimeError("select() is already running in another thread") from None
         try:
-            got = self._wait(wait_ms)
+            got = self._wait(wait)
             if got < 0:
-                got = self._wait_again(wait_ms, deadline)
+                got = self._wait_again(wait, deadline)
             if not got:
                 return []
             values = self._out[:got * _WORDS_PER_PAIR].tolist()
@@ -656,18 +656,21 @@ class NotifySelector(selectors.BaseSelector):
         return [(key, ready) for slot, mask in zip(values[::2], values[1::2])
                 if (key := keys[slot]) is not None and (ready := mask & key.events)]
 
-    def _wait_again(self, wait_ms: int, deadline: float | None) -> int:
+    def _wait_again(self, wait: float, deadline: float | None) -> int:
         """A signal cut the wait short and its Python handler did not raise:
-        wait for the time left, as the stdlib selectors do (PEP 475)."""
-        if wait_ms == 0:
+        wait for the time left, as the stdlib selectors do (PEP 475). The
+        one retry the core cannot make itself (it returns so that the
+        handler runs); the core rounds the milliseconds left, as it
+        rounded the first wait."""
+        if wait == 0:
             return 0
         while True:
             if deadline is not None:
                 left = deadline - _monotonic()
                 if left <= 0:
                     return 0
-                wait_ms = timeout_ms(left)
-            got = self._wait(wait_ms)
+                wait = left * 1e3
+            got = self._wait(wait)
             if got >= 0:
                 return got
 

@@ -73,7 +73,10 @@
  *     entries in place, and never returned raw. When a whole batch was ours
  *     and produced nothing (a cancellation, a filtered event), the wait
  *     resumes with the time that is left, so the caller never sees a
- *     spurious timeout.
+ *     spurious timeout. (That loop is part of standing in for the OS
+ *     function, which never returns for packets of its own; the port's
+ *     retry for packets it drops itself is sn_run.c's, and both count
+ *     the time left with sn_deadline and sn_time_left, sn_platform.h.)
  *   - Several threads may call in at once on one port, as with PSN. A lock
  *     per port guards the state; it is never held across the wait. Polls
  *     are (re)submitted by whichever thread next enters the function, just
@@ -101,16 +104,20 @@
  * Where each part lives, one concern per file (each opens with what it
  * owns and why; the internal headers are seen by the polyfill's files
  * only, never by cffi):
+ *   sn_afd.h        what the rest of the core sees of the polyfill
  *   sn_afd.c        this essay; the ProcessSocketNotifications-shaped entry
  *                   point: argument rules, ENABLE / DISABLE / REMOVE, the
  *                   wait and the translation of the packets it dequeues
  *   sn_afd_sock.c   one registered socket and the state machine of its one
  *                   poll (submit, keep, cancel, completion -> notification),
- *                   with its legal transitions asserted; the update list
- *   sn_afd_port.c   the per-port state, the registry that finds it from the
- *                   port HANDLE, statistics, counters, and the close that
- *                   waits for the kernel to give every poll back
- *   sn_afd_table.c  socket -> state (a hash table)
+ *                   with its legal transitions asserted; the set of a
+ *                   port's sockets (socket -> state in the core's one hash
+ *                   table, sn_hash.c), the update list
+ *   sn_afd_port.c   the per-port state (which owns the set of sockets: the
+ *                   files depend one way, port -> sockets), the registry
+ *                   that finds it from the port HANDLE, statistics,
+ *                   counters, and the close that waits for the kernel to
+ *                   give every poll back
  *   sn_afd_group.c  helper handles, one per group of AFD_GROUP_SIZE sockets
  *   sn_afd_ws.c     Winsock: the base socket, and whether a socket is open
  *   sn_afd_nt.c     ntdll: issue, cancel and explain an AFD poll
@@ -120,9 +127,8 @@
 #ifdef _WIN32
 
 #include "sn_internal.h"
-#include "sn_win.h"
+#include "sn_afd.h"
 #include "sn_afd_port.h"
-#include "sn_afd_sock.h"
 #include "sn_afd_ws.h"
 
 /* ---------------------------------------------------------- registrations */
@@ -157,12 +163,12 @@ static DWORD afd__enable(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
     if ((error = afd__check_trigger(reg->triggerFlags)) != 0)
         return error;
 
-    sock = sn_afd_sock_find(ap, reg->socket);
+    sock = sn_afd_sock_find(&ap->socks, reg->socket);
     if (sock != NULL && sock->key != (ULONG_PTR)reg->completionKey) {
         /* Same socket value, new key: the old socket was closed and its
            value reused (the port layer gives a reused socket a new key).
            Nothing of the old registration may reach the new one. */
-        sn_afd_sock_detach(ap, sock, AFD_FATE_ORPHAN);
+        sn_afd_sock_detach(&ap->socks, sock, AFD_FATE_ORPHAN);
         sock = NULL;
     }
     if (sock == NULL) {
@@ -171,7 +177,7 @@ static DWORD afd__enable(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
         if ((error = sn_afd_ws_check(reg->socket)) != 0 ||
             (error = sn_afd_ws_base_socket(reg->socket, &base)) != 0)
             return error;
-        if ((error = sn_afd_sock_new(ap, reg->socket, base, &sock)) != 0)
+        if ((error = sn_afd_sock_new(&ap->socks, reg->socket, base, &sock)) != 0)
             return error;
         sock->key = (ULONG_PTR)reg->completionKey;
     }
@@ -182,12 +188,12 @@ static DWORD afd__enable(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
     sock->armed = 1;
     sock->enabled_since_submit = 1;
     /* The poll is (re)made just before the wait. */
-    sn_afd_sock_queue(ap, sock);
+    sn_afd_sock_queue(&ap->socks, sock);
     return 0;
 }
 
 static DWORD afd__disable(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
-    afd_sock_t *sock = sn_afd_sock_find(ap, reg->socket);
+    afd_sock_t *sock = sn_afd_sock_find(&ap->socks, reg->socket);
     if (sock == NULL)
         return ERROR_NOT_FOUND;
     /* A poll in flight may stay: whatever it reports is ignored, and it is
@@ -197,7 +203,7 @@ static DWORD afd__disable(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
 }
 
 static DWORD afd__remove(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
-    afd_sock_t *sock = sn_afd_sock_find(ap, reg->socket);
+    afd_sock_t *sock = sn_afd_sock_find(&ap->socks, reg->socket);
     DWORD error;
 
     if (sock == NULL)
@@ -205,20 +211,20 @@ static DWORD afd__remove(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
     if ((error = sn_afd_ws_check(reg->socket)) != 0) {
         /* closesocket() already ended this registration (PSN would fail the
            REMOVE too, and send no REMOVE event). */
-        sn_afd_sock_detach(ap, sock, AFD_FATE_ORPHAN);
+        sn_afd_sock_detach(&ap->socks, sock, AFD_FATE_ORPHAN);
         return error;
     }
     if (sock->poll_status == AFD_POLL_IDLE) {
         /* Nothing in flight: the REMOVE can be queued now, as a packet on
            the port, so it reaches whichever thread dequeues next, after
            anything already queued for this key. */
-        AFD_COUNT(ap, SN_COUNT_AFD_POSTS);
+        AFD_COUNT(&ap->socks, SN_COUNT_AFD_POSTS);
         if (!PostQueuedCompletionStatus(ap->iocp, SOCK_NOTIFY_EVENT_REMOVE,
                                         sock->key, NULL))
             return GetLastError();   /* still registered, as PSN promises */
     }
     /* In flight: the REMOVE is emitted when the poll comes back. */
-    sn_afd_sock_detach(ap, sock, AFD_FATE_REMOVING);
+    sn_afd_sock_detach(&ap->socks, sock, AFD_FATE_REMOVING);
     return 0;
 }
 
@@ -243,7 +249,7 @@ static ULONG afd__translate(afd_port_t *ap, OVERLAPPED_ENTRY *entries, ULONG got
         OVERLAPPED_ENTRY *entry = &entries[j];
         if (entry->lpCompletionKey == SN_AFD_COMPLETION_KEY) {
             afd_sock_t *sock = AFD_SOCK_OF_OVERLAPPED(entry->lpOverlapped);
-            n += (ULONG)sn_afd_sock_feed(ap, sock, &entries[n]);
+            n += (ULONG)sn_afd_sock_feed(&ap->socks, sock, &entries[n]);
         } else {
             /* Not ours (posted packets, other I/O): unchanged. */
             if (n != j)
@@ -263,7 +269,7 @@ ULONG sn_afd_translate(HANDLE completionPort, OVERLAPPED_ENTRY *entries, ULONG g
     n = afd__translate(ap, entries, got);
     /* No wait of ours follows: what the completions asked for goes out
        now (a poll to resubmit, a cancelled one to replace). */
-    sn_afd_flush(ap);
+    sn_afd_flush(&ap->socks);
     ReleaseSRWLockExclusive(&ap->lock);
     return n;
 }
@@ -282,7 +288,7 @@ DWORD WINAPI sn_afd_process_socket_notifications(
     OVERLAPPED_ENTRY *completionPortEntries,
     UINT32 *receivedEntryCount) {
     afd_port_t *ap;
-    ULONGLONG deadline = 0;
+    int64_t deadline = 0;
     DWORD wait_ms = timeoutMs;
     DWORD error;
     UINT32 i, rounds = 0;
@@ -314,14 +320,14 @@ DWORD WINAPI sn_afd_process_socket_notifications(
     wait_ms = timeoutMs;
     if (completionCount == 0) {
         /* Register-only call: the polls go out now, since no wait follows. */
-        sn_afd_flush(ap);
+        sn_afd_flush(&ap->socks);
         ReleaseSRWLockExclusive(&ap->lock);
         return ERROR_SUCCESS;
     }
     ReleaseSRWLockExclusive(&ap->lock);
 
     if (timeoutMs != INFINITE)
-        deadline = GetTickCount64() + timeoutMs;
+        deadline = sn_deadline(timeoutMs);
     for (;;) {
         ULONG got = 0, n = 0;
 
@@ -329,11 +335,11 @@ DWORD WINAPI sn_afd_process_socket_notifications(
            including the waits resumed after a batch of internal packets
            (a cancellation that came back needs its replacement out). */
         AcquireSRWLockExclusive(&ap->lock);
-        sn_afd_flush(ap);
+        sn_afd_flush(&ap->socks);
         ReleaseSRWLockExclusive(&ap->lock);
 
         /* No lock held here: other threads register and wait meanwhile. */
-        AFD_COUNT(ap, SN_COUNT_AFD_DEQUEUES);
+        AFD_COUNT(&ap->socks, SN_COUNT_AFD_DEQUEUES);
         if (!GetQueuedCompletionStatusEx(completionPort, completionPortEntries,
                                          completionCount, &got, wait_ms, FALSE)) {
             error = GetLastError();
@@ -361,12 +367,26 @@ DWORD WINAPI sn_afd_process_socket_notifications(
             continue;
         }
         if (timeoutMs != INFINITE) {
-            ULONGLONG now = GetTickCount64();
-            if (now >= deadline)
+            int64_t left = sn_time_left(deadline);
+            if (left == 0)
                 return WAIT_TIMEOUT;
-            wait_ms = (DWORD)(deadline - now);
+            wait_ms = (DWORD)left;
         }
     }
+}
+
+/* ------------------------------------------------- the port's state (sn_afd.h) */
+
+void sn_afd_port_closed(HANDLE port) {
+    sn_afd_port_release(port);
+}
+
+void sn_afd_counters(HANDLE port, uint64_t *counters) {
+    sn_afd_port_counters(port, counters);
+}
+
+DWORD sn_afd_statistics(HANDLE port, UINT32 *registered, UINT32 *polls_in_flight) {
+    return sn_afd_port_statistics(port, registered, polls_in_flight);
 }
 
 #endif /* _WIN32 */

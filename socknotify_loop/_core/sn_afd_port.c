@@ -19,7 +19,6 @@
 #include "sn_afd_port.h"
 #include "sn_afd_group.h"
 #include "sn_afd_nt.h"
-#include "sn_afd_sock.h"
 
 #include <stdlib.h>
 
@@ -51,8 +50,7 @@ DWORD sn_afd_port_get(HANDLE iocp, afd_port_t **out) {
         if (ap != NULL) {
             ap->iocp = iocp;
             InitializeSRWLock(&ap->lock);
-            sn_list_init(&ap->groups);
-            sn_list_init(&ap->updates);
+            sn_afd_sockets_init(&ap->socks, iocp);
             sn_list_push_front(&afd__registry, &ap->registry_link);
         }
     }
@@ -80,77 +78,77 @@ static void afd__drain(afd_port_t *ap, DWORD ms) {
     ULONGLONG deadline = GetTickCount64() + ms;
     OVERLAPPED_ENTRY entries[64];
 
-    while (ap->polls_in_flight > 0) {
+    while (ap->socks.polls_in_flight > 0) {
         ULONGLONG now = GetTickCount64();
         ULONG got = 0, i;
         if (now >= deadline)
             return;
-        AFD_COUNT(ap, SN_COUNT_AFD_DEQUEUES);
+        AFD_COUNT(&ap->socks, SN_COUNT_AFD_DEQUEUES);
         if (!GetQueuedCompletionStatusEx(ap->iocp, entries, 64, &got,
                                          (DWORD)(deadline - now), FALSE))
             return;
         for (i = 0; i < got; i++) {
             OVERLAPPED_ENTRY scratch;
             if (entries[i].lpCompletionKey == SN_AFD_COMPLETION_KEY)
-                sn_afd_sock_feed(ap, AFD_SOCK_OF_OVERLAPPED(entries[i].lpOverlapped),
-                                 &scratch);
+                sn_afd_sock_feed(&ap->socks,
+                                 AFD_SOCK_OF_OVERLAPPED(entries[i].lpOverlapped), &scratch);
         }
     }
 }
 
-void sn_afd_port_closed(HANDLE iocp) {
+void sn_afd_port_release(HANDLE iocp) {
     afd_port_t *ap = afd__port_take(iocp);
-    afd_table_entry_t *entry;
-    uint32_t bucket = 0;
+    afd_sock_t *sock;
+    uint32_t pos = 0;
 
     if (ap == NULL)
         return;
     AcquireSRWLockExclusive(&ap->lock);
     /* Every live state is orphaned: freed now if idle, else cancelled and
        freed when its completion is drained below. States already REMOVING
-       or ORPHAN are reachable only through their pending completions.
+       or ORPHAN are reachable only through the completions still ahead.
        (Detaching takes the state out of the table, so the walk moves on.) */
-    while ((entry = sn_afd_table_next(&ap->table, &bucket)) != NULL)
-        sn_afd_sock_detach(ap, SN_CONTAINER_OF(entry, afd_sock_t, entry), AFD_FATE_ORPHAN);
+    while ((sock = sn_afd_sock_next(&ap->socks, &pos)) != NULL)
+        sn_afd_sock_detach(&ap->socks, sock, AFD_FATE_ORPHAN);
     /* Cancellation of an AFD poll completes promptly; a few seconds is
        a generous bound for a kernel under load. */
     afd__drain(ap, 5000);
     /* Closing a helper cancels whatever it still carries; drain again. */
-    sn_afd_group_close_helpers(&ap->groups);
+    sn_afd_group_close_helpers(&ap->socks.groups);
     afd__drain(ap, 1000);
     ReleaseSRWLockExclusive(&ap->lock);
-    if (ap->polls_in_flight > 0) {
+    if (ap->socks.polls_in_flight > 0) {
         /* Some poll never came back. The kernel may still write into its
            state: leaking it (and the groups those states point at) is the
            only safe choice. */
         return;
     }
-    sn_afd_group_free_all(&ap->groups);
-    sn_afd_table_free(&ap->table);
+    sn_afd_group_free_all(&ap->socks.groups);
+    sn_afd_sockets_free(&ap->socks);
     free(ap);
 }
 
-void sn_afd_counters(HANDLE iocp, uint64_t *counters) {
+void sn_afd_port_counters(HANDLE iocp, uint64_t *counters) {
     afd_port_t *ap;
     int i;
     AcquireSRWLockExclusive(&afd__registry_lock);
     ap = afd__port_find(iocp);
     if (ap != NULL) {
         for (i = SN_COUNT_AFD_POLLS; i <= SN_COUNT_AFD_POSTS; i++)
-            counters[i] += sn_atomic_load64(&ap->counters[i]);
+            counters[i] += sn_atomic_load64(&ap->socks.counters[i]);
     }
     ReleaseSRWLockExclusive(&afd__registry_lock);
 }
 
-DWORD sn_afd_statistics(HANDLE iocp, UINT32 *registered, UINT32 *polls_in_flight) {
+DWORD sn_afd_port_statistics(HANDLE iocp, UINT32 *registered, UINT32 *polls_in_flight) {
     afd_port_t *ap;
     DWORD error = ERROR_NOT_FOUND;
     AcquireSRWLockExclusive(&afd__registry_lock);
     ap = afd__port_find(iocp);
     if (ap != NULL) {
         AcquireSRWLockExclusive(&ap->lock);
-        *registered = ap->table.count;
-        *polls_in_flight = ap->polls_in_flight;
+        *registered = ap->socks.table.count;
+        *polls_in_flight = ap->socks.polls_in_flight;
         ReleaseSRWLockExclusive(&ap->lock);
         error = 0;
     }

@@ -14,13 +14,13 @@
  *
  *   poll_status: who owns iosb and poll_info
  *
- *       IDLE --submit--> PENDING --cancel--> CANCELLED
- *        ^                  |                    |
- *        +---- completion --+---- completion ----+
+ *       IDLE --submit--> IN_FLIGHT --cancel--> CANCELLED
+ *        ^                   |                     |
+ *        +---- completion ---+---- completion -----+
  *
  *     No second poll while one is out (two completions for one state
  *     would leave no way to tell which is the last), no cancel of a poll
- *     that is not pending, no completion for a state with none out.
+ *     that is not in flight, no completion for a state with none out.
  *
  *   fate: what the next completion means
  *
@@ -34,6 +34,24 @@
  * The asserts are compiled in wherever NDEBUG is not defined: the
  * mingw-w64 builds of the C test (tests/c/run_wine.sh) and of the wheel
  * (tools/wine/compile.py) define nothing of the kind.
+ *
+ * The set of a port's sockets (afd_sockets_t) lives here too: the table
+ * that finds a live state from its socket (the core's one hash table,
+ * sn_hash.c, socket -> state address), the update list, the helper
+ * groups, the count of polls in flight. The port (sn_afd_port.c) owns the
+ * set and its lock; this file never sees the port, so the dependency runs
+ * one way, port -> sockets.
+ *
+ * One lookup per change? An ENABLE on the afd backend finds its socket
+ * twice: in the port's index (sn_table.c) and in this table. A cookie in
+ * the port's record (this state's address) would save the second lookup,
+ * but the polyfill takes what ProcessSocketNotifications takes -- a
+ * SOCK_NOTIFY_REGISTRATION, nothing else -- because the port code, the
+ * strict model and the bare probe call the OS function and the polyfill
+ * through one pointer (sn_iocp.c), and a state may be freed by the
+ * polyfill alone (a LOCAL_CLOSE, a completion) while the record lives on:
+ * a cookie would be a dangling pointer the port could not see go stale.
+ * One hashed probe per change is the price of keeping that signature.
  */
 #ifdef _WIN32
 
@@ -47,8 +65,8 @@
 
 static void afd__poll_move(afd_sock_t *sock, uint8_t to) {
     uint8_t from = sock->poll_status;
-    assert((from == AFD_POLL_IDLE && to == AFD_POLL_PENDING) ||       /* submitted */
-           (from == AFD_POLL_PENDING && to == AFD_POLL_CANCELLED) ||  /* cancel asked */
+    assert((from == AFD_POLL_IDLE && to == AFD_POLL_IN_FLIGHT) ||       /* submitted */
+           (from == AFD_POLL_IN_FLIGHT && to == AFD_POLL_CANCELLED) ||  /* cancel asked */
            (from != AFD_POLL_IDLE && to == AFD_POLL_IDLE));           /* completed */
     (void)from;
     sock->poll_status = to;
@@ -92,16 +110,40 @@ static UINT32 afd__notify_events_for(ULONG afd) {
 
 /* ------------------------------------------------------- table and queue */
 
-afd_sock_t *sn_afd_sock_find(afd_port_t *ap, SOCKET socket) {
-    afd_table_entry_t *entry = sn_afd_table_find(&ap->table, socket);
-    return entry != NULL ? SN_CONTAINER_OF(entry, afd_sock_t, entry) : NULL;
+void sn_afd_sockets_init(afd_sockets_t *ss, HANDLE iocp) {
+    ss->iocp = iocp;
+    sn_list_init(&ss->groups);
+    sn_list_init(&ss->updates);
 }
 
-void sn_afd_sock_queue(afd_port_t *ap, afd_sock_t *sock) {
+/* The table's value for a state, and back: its address. */
+#define AFD_SOCK_VALUE(sock) ((uint64_t)(uintptr_t)(sock))
+#define AFD_SOCK_OF_VALUE(v) ((afd_sock_t *)(uintptr_t)(v))
+
+afd_sock_t *sn_afd_sock_find(afd_sockets_t *ss, SOCKET socket) {
+    uint64_t v = sn_hash_get(&ss->table, (uint64_t)socket);
+    return v != SN_HASH_EMPTY ? AFD_SOCK_OF_VALUE(v) : NULL;
+}
+
+afd_sock_t *sn_afd_sock_next(afd_sockets_t *ss, uint32_t *pos) {
+    uint64_t v = sn_hash_next(&ss->table, pos);
+    return v != SN_HASH_EMPTY ? AFD_SOCK_OF_VALUE(v) : NULL;
+}
+
+void sn_afd_sockets_free(afd_sockets_t *ss) {
+    sn_hash_free(&ss->table);
+}
+
+/* Whether the table maps the state's socket to this very state. */
+SN_INLINE int afd__sock_in_table(afd_sockets_t *ss, afd_sock_t *sock) {
+    return sn_hash_get(&ss->table, (uint64_t)sock->socket) == AFD_SOCK_VALUE(sock);
+}
+
+void sn_afd_sock_queue(afd_sockets_t *ss, afd_sock_t *sock) {
     /* Only a live registration has a poll worth making. */
     assert(sock->fate == AFD_FATE_LIVE);
     if (!sn_list_is_linked(&sock->update_link))
-        sn_list_push_back(&ap->updates, &sock->update_link);
+        sn_list_push_back(&ss->updates, &sock->update_link);
 }
 
 static void afd__sock_unqueue(afd_sock_t *sock) {
@@ -111,7 +153,7 @@ static void afd__sock_unqueue(afd_sock_t *sock) {
 
 /* ------------------------------------------------------------ sock states */
 
-DWORD sn_afd_sock_new(afd_port_t *ap, SOCKET socket, SOCKET base, afd_sock_t **out) {
+DWORD sn_afd_sock_new(afd_sockets_t *ss, SOCKET socket, SOCKET base, afd_sock_t **out) {
     afd_sock_t *sock;
     DWORD error;
 
@@ -119,53 +161,52 @@ DWORD sn_afd_sock_new(afd_port_t *ap, SOCKET socket, SOCKET base, afd_sock_t **o
     sock = calloc(1, sizeof *sock);
     if (sock == NULL)
         return ERROR_NOT_ENOUGH_MEMORY;
-    sock->entry.socket = socket;
+    sock->socket = socket;
     sock->base = base;
-    if ((error = sn_afd_group_acquire(&ap->groups, ap->iocp, &sock->group)) != 0)
-        goto err1;
-    if ((error = sn_afd_table_insert(&ap->table, &sock->entry)) != 0)
-        goto err2;
+    if ((error = (DWORD)sn_hash_reserve(&ss->table)) != 0 ||
+        (error = sn_afd_group_acquire(&ss->groups, ss->iocp, &sock->group)) != 0) {
+        free(sock);
+        return error;
+    }
+    /* A socket value is in the table at most once: the states of closed
+       sockets left it when their registrations ended. */
+    assert(sn_afd_sock_find(ss, socket) == NULL);
+    sn_hash_put(&ss->table, (uint64_t)socket, AFD_SOCK_VALUE(sock));
     *out = sock;
     return 0;
-
-err2:
-    sn_afd_group_release(&ap->groups, sock->group);
-err1:
-    free(sock);
-    return error;
 }
 
 /* Free a state that is out of the table and has no poll in flight. */
-static void afd__sock_free(afd_port_t *ap, afd_sock_t *sock) {
+static void afd__sock_free(afd_sockets_t *ss, afd_sock_t *sock) {
     assert(sock->poll_status == AFD_POLL_IDLE && sock->fate != AFD_FATE_LIVE);
-    assert(!sn_list_is_linked(&sock->entry.link));
+    assert(!afd__sock_in_table(ss, sock));
     afd__sock_unqueue(sock);
-    sn_afd_group_release(&ap->groups, sock->group);
+    sn_afd_group_release(&ss->groups, sock->group);
     free(sock);
 }
 
-static void afd__sock_cancel(afd_port_t *ap, afd_sock_t *sock) {
+static void afd__sock_cancel(afd_sockets_t *ss, afd_sock_t *sock) {
     /* Whatever NtCancelIoFileEx says -- cancelled, or STATUS_NOT_FOUND
        because the poll already completed and its packet is queued -- the
        completion is still ahead of us, and the kernel owns iosb and
        poll_info until it arrives. */
-    AFD_COUNT(ap, SN_COUNT_AFD_CANCELS);
+    AFD_COUNT(ss, SN_COUNT_AFD_CANCELS);
     sn_afd_nt_cancel(sock->group->helper, &sock->iosb);
     afd__poll_move(sock, AFD_POLL_CANCELLED);
 }
 
-void sn_afd_sock_detach(afd_port_t *ap, afd_sock_t *sock, uint8_t fate) {
+void sn_afd_sock_detach(afd_sockets_t *ss, afd_sock_t *sock, uint8_t fate) {
     afd__fate_move(sock, fate);
-    sn_afd_table_remove(&ap->table, &sock->entry);
+    sn_hash_del(&ss->table, (uint64_t)sock->socket, AFD_SOCK_VALUE(sock));
     afd__sock_unqueue(sock);
     switch (sock->poll_status) {
     case AFD_POLL_IDLE:
         /* Nothing in flight: nobody else references this memory. */
-        afd__sock_free(ap, sock);
+        afd__sock_free(ss, sock);
         break;
-    case AFD_POLL_PENDING:
+    case AFD_POLL_IN_FLIGHT:
         /* In flight: ask for it back; sn_afd_sock_feed finishes the job. */
-        afd__sock_cancel(ap, sock);
+        afd__sock_cancel(ss, sock);
         break;
     case AFD_POLL_CANCELLED:
         /* Already asked for back: sn_afd_sock_feed finishes the job. */
@@ -173,7 +214,7 @@ void sn_afd_sock_detach(afd_port_t *ap, afd_sock_t *sock, uint8_t fate) {
     }
 }
 
-static DWORD afd__sock_submit(afd_port_t *ap, afd_sock_t *sock, ULONG events) {
+static DWORD afd__sock_submit(afd_sockets_t *ss, afd_sock_t *sock, ULONG events) {
     afd_ntstatus_t status;
 
     sock->poll_info.Timeout.QuadPart = INT64_MAX;
@@ -185,17 +226,17 @@ static DWORD afd__sock_submit(afd_port_t *ap, afd_sock_t *sock, ULONG events) {
     sock->iosb.u.Status = AFD_STATUS_PENDING;
     /* From here until the completion is dequeued the kernel owns iosb and
        poll_info (input and output buffer are the same memory). */
-    AFD_COUNT(ap, SN_COUNT_AFD_POLLS);
+    AFD_COUNT(ss, SN_COUNT_AFD_POLLS);
     status = sn_afd_nt_poll(sock->group->helper, &sock->iosb, &sock->poll_info);
     /* PENDING, or SUCCESS when a condition already held: either way a
        completion packet is queued on the port (the helper does not skip
        completion ports on success). */
     if (status == AFD_STATUS_PENDING || AFD_NT_SUCCESS(status)) {
-        afd__poll_move(sock, AFD_POLL_PENDING);
+        afd__poll_move(sock, AFD_POLL_IN_FLIGHT);
         sock->poll_events = events;
         sock->poll_base = sock->base;
         sock->enabled_since_submit = 0;
-        ap->polls_in_flight++;
+        ss->polls_in_flight++;
         return 0;
     }
     /* Failed at once: no packet will come, the memory is ours again. */
@@ -203,7 +244,7 @@ static DWORD afd__sock_submit(afd_port_t *ap, afd_sock_t *sock, ULONG events) {
 }
 
 /* Make the poll in flight match what the registration wants. */
-static void afd__sock_update(afd_port_t *ap, afd_sock_t *sock) {
+static void afd__sock_update(afd_sockets_t *ss, afd_sock_t *sock) {
     ULONG wanted = sock->armed ? afd__poll_events_for(sock->filter) : 0;
     DWORD error;
 
@@ -212,29 +253,29 @@ static void afd__sock_update(afd_port_t *ap, afd_sock_t *sock) {
         /* Nothing in flight: submit if armed. */
         if (wanted == 0)
             return;
-        error = afd__sock_submit(ap, sock, wanted);
+        error = afd__sock_submit(ss, sock, wanted);
         if (error == 0)
             return;
         if (error == ERROR_INVALID_HANDLE) {
             /* The socket was closed: drop it, as PSN does, without REMOVE. */
-            sn_afd_sock_detach(ap, sock, AFD_FATE_ORPHAN);
+            sn_afd_sock_detach(ss, sock, AFD_FATE_ORPHAN);
             return;
         }
         /* Any other refusal: tell the owner through an ERR notification
            rather than fail somebody else's wait, and disarm so that the
            next ENABLE retries. */
         sock->armed = 0;
-        AFD_COUNT(ap, SN_COUNT_AFD_POSTS);
-        PostQueuedCompletionStatus(ap->iocp, SOCK_NOTIFY_EVENT_ERR, sock->key, NULL);
+        AFD_COUNT(ss, SN_COUNT_AFD_POSTS);
+        PostQueuedCompletionStatus(ss->iocp, SOCK_NOTIFY_EVENT_ERR, sock->key, NULL);
         return;
-    case AFD_POLL_PENDING:
+    case AFD_POLL_IN_FLIGHT:
         /* In flight. It still serves if it covers every wanted condition and
            watches the right socket: a disarmed or narrowed registration just
            ignores what it reports. Otherwise cancel; the completion comes
            back through sn_afd_sock_feed, which queues us again. */
         if ((wanted & ~sock->poll_events) == 0 && sock->poll_base == sock->base)
             return;
-        afd__sock_cancel(ap, sock);
+        afd__sock_cancel(ss, sock);
         return;
     case AFD_POLL_CANCELLED:
         /* Waiting for the cancelled poll to come back. */
@@ -242,23 +283,23 @@ static void afd__sock_update(afd_port_t *ap, afd_sock_t *sock) {
     }
 }
 
-void sn_afd_flush(afd_port_t *ap) {
+void sn_afd_flush(afd_sockets_t *ss) {
     sn_list_t *node;
-    while ((node = sn_list_first(&ap->updates)) != NULL) {
+    while ((node = sn_list_first(&ss->updates)) != NULL) {
         afd_sock_t *sock = SN_CONTAINER_OF(node, afd_sock_t, update_link);
         sn_list_remove(node);
-        afd__sock_update(ap, sock);
+        afd__sock_update(ss, sock);
     }
 }
 
-int sn_afd_sock_feed(afd_port_t *ap, afd_sock_t *sock, OVERLAPPED_ENTRY *out) {
+int sn_afd_sock_feed(afd_sockets_t *ss, afd_sock_t *sock, OVERLAPPED_ENTRY *out) {
     afd_ntstatus_t status = sock->iosb.u.Status;
     UINT32 events = 0;
 
     /* The kernel has given iosb and poll_info back. */
-    assert(ap->polls_in_flight > 0);
+    assert(ss->polls_in_flight > 0);
     afd__poll_move(sock, AFD_POLL_IDLE);
-    ap->polls_in_flight--;
+    ss->polls_in_flight--;
 
     switch (sock->fate) {
     case AFD_FATE_REMOVING:
@@ -268,22 +309,22 @@ int sn_afd_sock_feed(afd_port_t *ap, afd_sock_t *sock, OVERLAPPED_ENTRY *out) {
         out->lpOverlapped = NULL;
         out->Internal = 0;
         out->dwNumberOfBytesTransferred = SOCK_NOTIFY_EVENT_REMOVE;
-        afd__sock_free(ap, sock);
+        afd__sock_free(ss, sock);
         return 1;
     case AFD_FATE_ORPHAN:
         /* Socket closed or replaced under a new key: nothing to say. */
-        afd__sock_free(ap, sock);
+        afd__sock_free(ss, sock);
         return 0;
     }
 
     if (status == AFD_STATUS_CANCELLED) {
         /* We cancelled it to change the poll: submit the new one. */
-        sn_afd_sock_queue(ap, sock);
+        sn_afd_sock_queue(ss, sock);
         return 0;
     }
     if (status == AFD_STATUS_INVALID_HANDLE) {
         /* The socket handle went away under the poll. */
-        sn_afd_sock_detach(ap, sock, AFD_FATE_ORPHAN);
+        sn_afd_sock_detach(ss, sock, AFD_FATE_ORPHAN);
         return 0;
     }
     if (!AFD_NT_SUCCESS(status)) {
@@ -299,12 +340,12 @@ int sn_afd_sock_feed(afd_port_t *ap, afd_sock_t *sock, OVERLAPPED_ENTRY *out) {
                registration died with its socket, silently. */
             SOCKET base;
             if (sock->enabled_since_submit &&
-                sn_afd_ws_check(sock->entry.socket) == 0 &&
-                sn_afd_ws_base_socket(sock->entry.socket, &base) == 0) {
+                sn_afd_ws_check(sock->socket) == 0 &&
+                sn_afd_ws_base_socket(sock->socket, &base) == 0) {
                 sock->base = base;
-                sn_afd_sock_queue(ap, sock);
+                sn_afd_sock_queue(ss, sock);
             } else {
-                sn_afd_sock_detach(ap, sock, AFD_FATE_ORPHAN);
+                sn_afd_sock_detach(ss, sock, AFD_FATE_ORPHAN);
             }
             return 0;
         }
@@ -319,13 +360,13 @@ int sn_afd_sock_feed(afd_port_t *ap, afd_sock_t *sock, OVERLAPPED_ENTRY *out) {
     if (events == 0) {
         /* Nothing the registration wants (the filter narrowed while the
            poll was out, or a spurious wake): poll again. */
-        sn_afd_sock_queue(ap, sock);
+        sn_afd_sock_queue(ss, sock);
         return 0;
     }
     if (sock->oneshot)
         sock->armed = 0;            /* until the next OP_ENABLE */
     else
-        sn_afd_sock_queue(ap, sock); /* persistent: poll again before the next wait */
+        sn_afd_sock_queue(ss, sock); /* persistent: poll again before the next wait */
     out->lpCompletionKey = sock->key;
     out->lpOverlapped = NULL;
     out->Internal = 0;

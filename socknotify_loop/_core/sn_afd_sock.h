@@ -1,23 +1,28 @@
 /*
- * sn_afd_sock.h -- one registered socket of the AFD polyfill and the state
- * machine of its poll (sn_afd_sock.c). Internal to the polyfill's files
- * (sn_afd*.c); cffi never sees it.
+ * sn_afd_sock.h -- one registered socket of the AFD polyfill, the state
+ * machine of its poll, and the set of sockets of one port
+ * (sn_afd_sock.c). Internal to the polyfill's files (sn_afd*.c); cffi
+ * never sees it.
+ *
+ * The dependency runs one way: the port (sn_afd_port.h) owns an
+ * afd_sockets_t and includes this header; the socket layer sees nothing
+ * of the port but that set.
  */
 #ifndef SN_AFD_SOCK_H
 #define SN_AFD_SOCK_H
 
 #ifdef _WIN32
 
+#include "sn_internal.h"
 #include "sn_afd_nt.h"
 #include "sn_afd_group.h"
-#include "sn_afd_port.h"
-#include "sn_afd_table.h"
+#include "sn_hash.h"
 #include "sn_list.h"
 
 /* Where the one poll of a socket stands. */
 enum {
     AFD_POLL_IDLE = 0,     /* none in flight: we own iosb and poll_info */
-    AFD_POLL_PENDING,      /* in flight: the kernel owns them */
+    AFD_POLL_IN_FLIGHT,    /* the kernel owns them */
     AFD_POLL_CANCELLED,    /* cancel requested: the kernel still owns them */
 };
 
@@ -34,8 +39,8 @@ typedef struct afd_sock {
     afd_iosb_t iosb;
     afd_poll_info_t poll_info;
 
-    afd_table_entry_t entry;  /* entry.socket: the caller's socket, the
-                                 table key; in the table while LIVE */
+    SOCKET socket;          /* the caller's socket: the table key; in the
+                               table while LIVE */
     SOCKET base;            /* what AFD polls */
     SOCKET poll_base;       /* the base the poll in flight was issued for */
     ULONG_PTR key;          /* the registration's completion key */
@@ -55,30 +60,57 @@ typedef struct afd_sock {
 #define AFD_SOCK_OF_OVERLAPPED(ov) \
     CONTAINING_RECORD((afd_iosb_t *)(ov), afd_sock_t, iosb)
 
+/* The sockets of one port and what their polls need of it: all the
+   socket layer knows of its port, which embeds it (sn_afd_port.h). */
+typedef struct afd_sockets {
+    HANDLE iocp;            /* the completion port the polls complete on */
+    sn_hash_t table;        /* socket -> afd_sock_t *: live states only */
+    uint32_t polls_in_flight;
+    sn_list_t groups;       /* afd_group_t (sn_afd_group.c) */
+    sn_list_t updates;      /* afd_sock_t whose poll may need work */
+    /* Kernel calls made for this port (SN_COUNT_AFD_*), for the port's
+       sn_port_counters(): how many system calls one ProcessSocket-
+       Notifications call costs when it is rebuilt on AFD. */
+    volatile uint64_t counters[SN_COUNTERS];
+} afd_sockets_t;
+
+#define AFD_COUNT(ss, what) sn_atomic_add64(&(ss)->counters[what], 1)
+
+/* An empty set for the completion port `iocp`. */
+void sn_afd_sockets_init(afd_sockets_t *ss, HANDLE iocp);
+
 /* Everything below: the port's lock held. */
 
 /* The live state of `socket`, or NULL. */
-afd_sock_t *sn_afd_sock_find(afd_port_t *ap, SOCKET socket);
+afd_sock_t *sn_afd_sock_find(afd_sockets_t *ss, SOCKET socket);
+
+/* The first live state at table position *pos or later, with *pos moved
+   past it; NULL once past the last. Start with *pos = 0; detaching the
+   state returned before the next call visits every live state once. */
+afd_sock_t *sn_afd_sock_next(afd_sockets_t *ss, uint32_t *pos);
+
+/* Release the table (the port is going; every state is gone). */
+void sn_afd_sockets_free(afd_sockets_t *ss);
 
 /* A new live state for `socket` (polled through `base`), in the table,
    with a helper group, unarmed, no poll. 0 or an error. */
-DWORD sn_afd_sock_new(afd_port_t *ap, SOCKET socket, SOCKET base, afd_sock_t **out);
+DWORD sn_afd_sock_new(afd_sockets_t *ss, SOCKET socket, SOCKET base, afd_sock_t **out);
 
 /* Put a live state on the update list: its poll is made to match what it
    wants at the next sn_afd_flush. */
-void sn_afd_sock_queue(afd_port_t *ap, afd_sock_t *sock);
+void sn_afd_sock_queue(afd_sockets_t *ss, afd_sock_t *sock);
 
 /* The registration ends (fate AFD_FATE_REMOVING or AFD_FATE_ORPHAN): the
    state leaves the table for good, and is freed now if no poll is in
    flight, otherwise when the poll's completion is fed back. */
-void sn_afd_sock_detach(afd_port_t *ap, afd_sock_t *sock, uint8_t fate);
+void sn_afd_sock_detach(afd_sockets_t *ss, afd_sock_t *sock, uint8_t fate);
 
 /* Submit, keep or cancel the polls of every queued state. */
-void sn_afd_flush(afd_port_t *ap);
+void sn_afd_flush(afd_sockets_t *ss);
 
 /* A poll of ours completed: turn it into at most one notification entry.
    Returns 1 when *out was written. May free the state. */
-int sn_afd_sock_feed(afd_port_t *ap, afd_sock_t *sock, OVERLAPPED_ENTRY *out);
+int sn_afd_sock_feed(afd_sockets_t *ss, afd_sock_t *sock, OVERLAPPED_ENTRY *out);
 
 #endif /* _WIN32 */
 #endif /* SN_AFD_SOCK_H */

@@ -96,7 +96,7 @@ static void epoll__wake(sn_port_t *port, epoll_port_t *ep) {
 static int epoll__queue_push(sn_port_t *port, uint64_t key, uint32_t events,
                              uint32_t posted) {
     epoll_port_t *ep = port->impl;
-    sn_kevent_t *slot;
+    sn_kevent_t *cell;
     int err = 0;
 
     sn_mutex_lock(&ep->queue_lock);
@@ -115,10 +115,10 @@ static int epoll__queue_push(sn_port_t *port, uint64_t key, uint32_t events,
         ep->queue_head = 0;
         ep->queue_cap = new_cap;
     }
-    slot = &ep->queue[(ep->queue_head + ep->queue_len) & (ep->queue_cap - 1)];
-    slot->key = key;
-    slot->events = events;
-    slot->posted = posted;
+    cell = &ep->queue[(ep->queue_head + ep->queue_len) & (ep->queue_cap - 1)];
+    cell->key = key;
+    cell->events = events;
+    cell->posted = posted;
     __atomic_store_n(&ep->queue_len, ep->queue_len + 1, __ATOMIC_RELEASE);
     if (ep->queue_len == 1)
         epoll__wake(port, ep);   /* just became non-empty: wake a waiter */

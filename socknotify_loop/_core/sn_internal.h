@@ -1,13 +1,14 @@
 /*
- * sn_internal.h -- what the portable port layer (sn_port.c) and the backends
- * share. cffi never sees this file.
+ * sn_internal.h -- what the portable port layer and the backends share:
+ * the backend contract (sn_backend_ops_t), the port struct, the record,
+ * kernel keys. cffi never sees this file.
  *
  * Division of labour:
- *   sn_port.c   owns the registration table: caller key <-> kernel key, the
+ *   port layer  owns the registration table: caller key <-> kernel key, the
  *               generation that makes stale notifications recognisable, the
  *               lock that lets several threads share one port, the life
  *               cycle (close, fork), and the retry of a wait whose packets
- *               were all dropped ("wait again for the time left": here and
+ *               it dropped ("wait again for the time left": sn__run, and
  *               nowhere else in the port code).
  *   backend     applies registrations whose .key is already the KERNEL key,
  *               waits once, and returns kernel events (sn_kevent_t) and how
@@ -16,6 +17,27 @@
  *               SN_OP_REMOVE produces one SN_EVENT_REMOVE event for that key,
  *               one-shot registrations disarm after one delivery, packets
  *               posted with post() come back with posted = 1.
+ *
+ * The port layer's files, one concern each (each opens with its essay;
+ * the small internal headers next to them carry what crosses files):
+ *   sn_port.c       life cycle: open, enter/leave, close, fork, free; post,
+ *                   check, counters, the OS handle
+ *   sn_backends.c   the backend registry and queries, the error codes, the
+ *                   raw calls where the OS has none
+ *   sn_table.c/.h   records, their record numbers and generations, the
+ *                   socket index
+ *   sn_hash.c/.h    socket -> value, the core's one hash table (also the AFD
+ *                   polyfill's, the PSN fallback set's, the strict model's)
+ *   sn_translate.c/.h  a call's changes in (caller key -> kernel key, one
+ *                   kernel key per socket) and its verdicts back
+ *   sn_rearm.c/.h   the one-shot re-arm list and the deferred-ENABLE list
+ *   sn_run.c/.h     one call: apply, wait, deliver, wait again; the one
+ *                   timeout conversion (sn__wait_ms)
+ *   sn_select.c     the selector's fast path (bind, select)
+ *   sn_call.h       the memo and the sink a call's files share
+ * The backends: sn_epoll.c (Linux), sn_iocp.c (psn, afd, strict on
+ * Windows), the polyfill behind sn_afd.h (sn_afd*.c), the strict model
+ * (sn_model.c); sn_platform*.c the few OS services the port needs.
  */
 #ifndef SN_INTERNAL_H
 #define SN_INTERNAL_H
@@ -24,6 +46,7 @@
 #include <stddef.h>
 
 #include "sn_platform.h"
+#include "sn_hash.h"
 
 /* One event as the backend returns it. */
 typedef struct sn_kevent {
@@ -74,8 +97,8 @@ typedef struct sn_backend_ops {
    registration has been dequeued (ProcessSocketNotifications: "to change
    completion keys, deregister the notification, wait for the
    SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). The port then
-   never gives a live socket a new kernel key: see sn_port.c, "One kernel
-   key per socket". */
+   never gives a live socket a new kernel key: see sn_translate.c, "One
+   kernel key per socket". */
 #define SN_CAP_KEY_FIXED 0x100
 
 /* A backend's verdict for every registration of a call that failed as a
@@ -87,7 +110,7 @@ typedef struct sn_backend_ops {
 typedef struct sn_record {
     uint64_t socket;
     uint64_t user_key;
-    uint32_t generation;  /* bumped each time the slot is freed */
+    uint32_t generation;  /* bumped each time the record number is freed */
     uint16_t events;      /* the event filter of the last ENABLE */
     uint8_t  trigger;     /* the trigger flags of the last ENABLE */
     uint8_t  state;       /* SN_RECORD_* */
@@ -143,25 +166,22 @@ struct sn_port {
     volatile long selecting;    /* a thread is inside sn_port_select() */
 
     sn_mutex_t lock;            /* guards everything below */
-    sn_record_t *records;       /* slot -> record */
+    sn_record_t *records;       /* record number -> record */
     uint32_t records_cap;
-    uint32_t *free_slots;       /* stack of free slot numbers */
+    uint32_t *free_recnos;      /* stack of free record numbers */
     uint32_t free_count;
     uint32_t live_count;
-    /* socket -> slot, open addressing with linear probing; 0 = empty,
-       otherwise slot + 1; SN_TOMBSTONE marks a deleted entry. */
-    uint32_t *index;
-    uint32_t index_cap;         /* power of two */
-    uint32_t index_used;        /* entries + tombstones */
+    /* socket -> record number + 1 (sn_hash.h): every record not FREE. */
+    sn_hash_t index;
     /* Delivered one-shot registrations awaiting an SN_PROCESS_REARM call;
        tracked once such a call has been made (rearm_mode). */
-    uint32_t *rearm_slots;
+    uint32_t *rearm_recnos;
     uint32_t rearm_count;
     uint32_t rearm_cap;
     int rearm_mode;
     /* Records reborn after their REMOVE event (SN_CAP_KEY_FIXED): their
        waiting ENABLE goes to the kernel in the next call. */
-    uint32_t *deferred_slots;
+    uint32_t *deferred_recnos;
     uint32_t deferred_count;
     uint32_t deferred_cap;
     /* The count of bound changes the last select carried (sn_port_select_changes). */
@@ -178,7 +198,7 @@ struct sn_port {
        thread selects at a time (`selecting`), and a busy loop re-arms
        more than a stack's worth of sockets on every select. */
     sn_registration_t *select_kregs;
-    void *select_pending;       /* sn_pending_t[], private to sn_port.c */
+    void *select_memos;         /* sn_memo_t[] (sn_run.h) */
     uint32_t select_scratch_cap;
 
     /* Kernel calls made for this port (SN_COUNT_*). */
@@ -188,14 +208,15 @@ struct sn_port {
 /* Count one kernel call of kind `what` (relaxed: statistics only). */
 #define SN_COUNT(port, what) sn_atomic_add64(&(port)->counters[what], 1)
 
-/* The kernel key of a slot: the generation in the high half, so a reused
-   slot never produces a key that an old notification could carry. Bit 63 is
+/* The kernel key of a record number: the generation in the high half, so
+   a reused record number never produces a key that an old notification
+   could carry. Bit 63 is
    never set, which keeps the top of the key space free for the reserved
    keys (sn_keys.h), and generations start at 1, so no kernel key is 0:
    key 0 belongs to the packets RegisterWaitWithQueue posts (see sn_iocp.c). */
-#define SN_KERNEL_KEY(slot, generation) \
-    ((((uint64_t)(generation) & 0x7fffffffu) << 32) | (uint64_t)(slot))
-#define SN_KEY_SLOT(key)        ((uint32_t)((key) & 0xffffffffu))
+#define SN_KERNEL_KEY(recno, generation) \
+    ((((uint64_t)(generation) & 0x7fffffffu) << 32) | (uint64_t)(recno))
+#define SN_KEY_RECNO(key)       ((uint32_t)((key) & 0xffffffffu))
 #define SN_KEY_GENERATION(key)  ((uint32_t)(((key) >> 32) & 0x7fffffffu))
 
 #include "sn_keys.h"
@@ -213,8 +234,32 @@ extern const sn_backend_ops_t sn_afd_ops;   /* the same port code on the polyfil
 extern const sn_backend_ops_t sn_strict_ops; /* the strict model (sn_model.c), tests */
 #endif
 
-/* Count a caller in and out of a port (sn_port.c, "Closing"), for entry
-   points that live in a backend's file (sn_model_control). */
+/* The backend table of an SN_BACKEND_* id compiled here, or NULL
+   (sn_backends.c). */
+const sn_backend_ops_t *sn__ops_for(int backend);
+
+/* Whether the port was opened by the parent of this forked process. */
+SN_INLINE int sn__inherited(const sn_port_t *port) {
+    return port->fork_generation != sn_fork_generation();
+}
+
+/* Count the caller in, unless the port is closing or inherited (sn_port.c,
+   "Closing"). Inline: every entry point starts with it. */
+SN_INLINE int sn__enter(sn_port_t *port) {
+    sn_atomic_inc(&port->users);
+    if (sn_atomic_load(&port->closing) || sn__inherited(port)) {
+        sn_atomic_dec(&port->users);
+        return SN_ERROR_CLOSED;
+    }
+    return 0;
+}
+
+SN_INLINE void sn__leave(sn_port_t *port) {
+    sn_atomic_dec(&port->users);
+}
+
+/* The same, for entry points that live in a backend's file
+   (sn_model_control). */
 int sn_port_enter(sn_port_t *port);
 void sn_port_leave(sn_port_t *port);
 

@@ -22,7 +22,7 @@
  *     time, so the extension still loads where it is missing and the afd
  *     backend takes over.
  *   - The kernel gives back whatever key was registered, 64 bits wide. The
- *     port layer (sn_port.c) never registers keys with bit 63 set, so that
+ *     port layer (sn_table.c) never registers keys with bit 63 set, so that
  *     half of the key space is ours (the table is sn_keys.h):
  *     SN_POST_COMPLETION_KEY marks packets of sn_port_post(), whose caller
  *     key travels in lpOverlapped (a packet posted through the port is
@@ -78,6 +78,7 @@
 
 #include "sn_internal.h"
 #include "sn_win.h"
+#include "sn_afd.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -177,22 +178,15 @@ typedef struct iocp_buffer {
     uint32_t entries_cap;
 } iocp_buffer_t;
 
-/* Sockets the port's own function refused and the polyfill serves instead
-   (see "Refusals" below): a small open-addressing set; 0 marks a free
-   cell (INVALID_SOCKET is never registered, 0 is never a socket). */
-typedef struct iocp_fallbacks {
-    SOCKET *cells;
-    uint32_t cap;       /* power of two, or 0 */
-    uint32_t used;
-} iocp_fallbacks_t;
-
 typedef struct iocp_port {
     HANDLE iocp;
     sn_process_socket_notifications_fn process;  /* the OS's, the polyfill, or the model */
     int polyfill;                                  /* 1 when process is sn_afd's */
     int model;                                     /* 1 when process is sn_model's */
     SRWLOCK fallback_lock;                         /* guards fallbacks */
-    iocp_fallbacks_t fallbacks;
+    /* Sockets the port's own function refused and the polyfill serves
+       instead (see "Refusals" below): socket -> 1 (sn_hash.h). */
+    sn_hash_t fallbacks;
     volatile long fallback_used;                   /* the polyfill ever served a socket here */
     SRWLOCK buffers_lock;                          /* guards `buffers` */
     iocp_buffer_t *buffers;                        /* idle buffers, a stack */
@@ -251,7 +245,6 @@ fail:
     return NULL;
 }
 
-
 /* ------------------------------------------------------------- refusals */
 
 /* Refusals. The OS's function refuses what the polyfill accepts: sockets
@@ -270,76 +263,31 @@ fail:
    first refusal (one flag read per call), and one extra call per batch
    that registers a new socket. */
 
-static uint32_t iocp__hash(SOCKET s) {
-    uint64_t h = (uint64_t)s * 0x9E3779B97F4A7C15ull;
-    return (uint32_t)(h >> 32);
-}
-
-/* Cell of `s`, or the free cell it would go to (fallback lock held). */
-static uint32_t iocp__fb_find(const iocp_fallbacks_t *fb, SOCKET s) {
-    uint32_t mask = fb->cap - 1, pos = iocp__hash(s) & mask;
-    while (fb->cells[pos] != 0 && fb->cells[pos] != s)
-        pos = (pos + 1) & mask;
-    return pos;
-}
-
 static int iocp__fb_has(iocp_port_t *ip, SOCKET s) {
-    int has = 0;
+    int has;
     if (!sn_atomic_load(&ip->fallback_used))
         return 0;
     AcquireSRWLockShared(&ip->fallback_lock);
-    if (ip->fallbacks.cap != 0)
-        has = ip->fallbacks.cells[iocp__fb_find(&ip->fallbacks, s)] == s;
+    has = sn_hash_get(&ip->fallbacks, (uint64_t)s) != SN_HASH_EMPTY;
     ReleaseSRWLockShared(&ip->fallback_lock);
     return has;
 }
 
 static int iocp__fb_add(iocp_port_t *ip, SOCKET s) {
-    iocp_fallbacks_t *fb = &ip->fallbacks;
-    int err = 0;
+    int err;
     AcquireSRWLockExclusive(&ip->fallback_lock);
-    if ((fb->used + 1) * 2 > fb->cap) {
-        iocp_fallbacks_t bigger;
-        uint32_t i;
-        bigger.cap = fb->cap ? fb->cap * 2 : 16;
-        bigger.used = fb->used;
-        bigger.cells = calloc(bigger.cap, sizeof *bigger.cells);
-        if (bigger.cells == NULL) {
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
-        }
-        for (i = 0; i < fb->cap; i++)
-            if (fb->cells[i] != 0)
-                bigger.cells[iocp__fb_find(&bigger, fb->cells[i])] = fb->cells[i];
-        free(fb->cells);
-        *fb = bigger;
+    if ((err = sn_hash_reserve(&ip->fallbacks)) == 0) {
+        sn_hash_put(&ip->fallbacks, (uint64_t)s, 1);
+        sn_atomic_store(&ip->fallback_used, 1);
     }
-    if (fb->cells[iocp__fb_find(fb, s)] != s) {
-        fb->cells[iocp__fb_find(fb, s)] = s;
-        fb->used++;
-    }
-    sn_atomic_store(&ip->fallback_used, 1);
-out:
     ReleaseSRWLockExclusive(&ip->fallback_lock);
     return err;
 }
 
-/* Forget `s` (its REMOVE went to the polyfill): rehash the run after it. */
+/* Forget `s` (its REMOVE went to the polyfill). */
 static void iocp__fb_remove(iocp_port_t *ip, SOCKET s) {
-    iocp_fallbacks_t *fb = &ip->fallbacks;
-    uint32_t pos, mask, next;
     AcquireSRWLockExclusive(&ip->fallback_lock);
-    if (fb->cap == 0 || fb->cells[pos = iocp__fb_find(fb, s)] != s)
-        goto out;
-    mask = fb->cap - 1;
-    fb->cells[pos] = 0;
-    fb->used--;
-    for (next = (pos + 1) & mask; fb->cells[next] != 0; next = (next + 1) & mask) {
-        SOCKET moved = fb->cells[next];
-        fb->cells[next] = 0;
-        fb->cells[iocp__fb_find(fb, moved)] = moved;
-    }
-out:
+    sn_hash_del(&ip->fallbacks, (uint64_t)s, 1);
     ReleaseSRWLockExclusive(&ip->fallback_lock);
 }
 
@@ -634,7 +582,7 @@ static void iocp__close(sn_port_t *port, int inherited) {
         free(buf->entries);
         free(buf);
     }
-    free(ip->fallbacks.cells);
+    sn_hash_free(&ip->fallbacks);
     free(ip);
     port->impl = NULL;
 }

@@ -2,7 +2,7 @@
  * sn_keys.h -- every completion key and reserved value the port uses, in
  * one table. cffi never sees this file.
  *
- * The kernel never sees a caller's key: it sees SN_KERNEL_KEY(slot,
+ * The kernel never sees a caller's key: it sees SN_KERNEL_KEY(recno,
  * generation) (sn_internal.h), whose bit 63 is always clear and which is
  * never 0. Everything below is therefore free for the port's own use and
  * can never be mistaken for a registration's key:

@@ -55,9 +55,10 @@
  * (REMOVE bookkeeping, edges). Edge registrations reach the polyfill as
  * LEVEL|ONESHOT with the filter minus what is high, re-enabled by the
  * model when a bit falls. A socket value reused after closesocket() is
- * told from the socket registered under it by its address (getsockname)
- * and type, and a handle that is no longer a socket ends its model
- * registration, as closesocket() ends the OS's.
+ * told from the socket registered under it by its address (getsockname),
+ * its peer's address (getpeername) and its type, and a handle that is no
+ * longer a socket ends its model registration, as closesocket() ends the
+ * OS's.
  *
  * What the model cannot know is what Windows really does where the text
  * is silent; `python -m socknotify_loop --probe-os` asks the OS on a
@@ -71,11 +72,11 @@
 
 #include "sn_internal.h"
 #include "sn_win.h"
+#include "sn_afd.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define MODEL_BUCKETS 512
 #define MODEL_REFUSED_MAX 64
 #define MODEL_STACK_REGS 64
 
@@ -105,25 +106,22 @@ typedef struct model_reg {
     uint8_t high;             /* edge: reported and not yet seen false */
     uint8_t edge_dirty;       /* edge: the polyfill's filter must change */
     uint32_t removes;         /* REMOVEs applied, REMOVE events not yet dequeued */
-    struct sockaddr_storage name;   /* fingerprint: address and type */
+    struct sockaddr_storage name;   /* fingerprint: address, peer and type */
     int name_len;
+    struct sockaddr_storage peer;
+    int peer_len;
     int type;
-    struct model_reg *next;
 } model_reg_t;
 
 static SRWLOCK model__lock = SRWLOCK_INIT;
-static model_reg_t *model__table[MODEL_BUCKETS];
+/* socket -> its model_reg_t (the core's one hash table, sn_hash.h). */
+static sn_hash_t model__table;
 static model_port_t *model__ports;
 static uint32_t model__serials;
 /* Sockets a test told the model to refuse, with their fingerprint: a
    value reused by another socket after closesocket() is not refused. */
 static model_reg_t model__refused[MODEL_REFUSED_MAX];
 static uint32_t model__refused_count;
-
-static uint32_t model__bucket(SOCKET s) {
-    uint64_t h = (uint64_t)s * 0x9E3779B97F4A7C15ull;
-    return (uint32_t)(h >> 40) % MODEL_BUCKETS;
-}
 
 static model_port_t *model__port(HANDLE iocp, int create) {
     model_port_t *mp;
@@ -143,33 +141,27 @@ static model_port_t *model__port(HANDLE iocp, int create) {
 }
 
 static model_reg_t *model__find(SOCKET s) {
+    return (model_reg_t *)(uintptr_t)sn_hash_get(&model__table, (uint64_t)s);
+}
+
+/* Every registration in turn: start with *pos = 0; NULL after the last.
+   Dropping the one returned before the next call is allowed. */
+static model_reg_t *model__next(uint32_t *pos) {
+    return (model_reg_t *)(uintptr_t)sn_hash_next(&model__table, pos);
+}
+
+static model_reg_t *model__find_key(uint32_t serial, ULONG_PTR key) {
+    uint32_t pos = 0;
     model_reg_t *r;
-    for (r = model__table[model__bucket(s)]; r != NULL; r = r->next)
-        if (r->socket == s)
+    while ((r = model__next(&pos)) != NULL)
+        if (r->serial == serial && r->port_alive && r->key == key)
             return r;
     return NULL;
 }
 
-static model_reg_t *model__find_key(uint32_t serial, ULONG_PTR key) {
-    uint32_t b;
-    model_reg_t *r;
-    for (b = 0; b < MODEL_BUCKETS; b++)
-        for (r = model__table[b]; r != NULL; r = r->next)
-            if (r->serial == serial && r->port_alive && r->key == key)
-                return r;
-    return NULL;
-}
-
 static void model__drop(model_reg_t *dead) {
-    model_reg_t **link = &model__table[model__bucket(dead->socket)];
-    while (*link != NULL) {
-        if (*link == dead) {
-            *link = dead->next;
-            free(dead);
-            return;
-        }
-        link = &(*link)->next;
-    }
+    sn_hash_del(&model__table, (uint64_t)dead->socket, (uint64_t)(uintptr_t)dead);
+    free(dead);
 }
 
 static int model__is_socket(SOCKET s, int *type) {
@@ -178,26 +170,43 @@ static int model__is_socket(SOCKET s, int *type) {
     return getsockopt(s, SOL_SOCKET, SO_TYPE, (char *)type, &len) == 0;
 }
 
+/* The socket's type, address and peer address. The address alone does not
+   tell a reused handle value from the socket that had it: one end of a
+   loopback pair has the listener's address, and a listener bound to port 0
+   often gets the same port as the last one closed (Linux does, under
+   Wine), so two pairs made one after the other can share handle values
+   and addresses. The peer's address (the other end's ephemeral port)
+   differs. */
 static void model__fingerprint(SOCKET s, struct sockaddr_storage *name, int *name_len,
-                               int *type) {
+                               struct sockaddr_storage *peer, int *peer_len, int *type) {
     int len = (int)sizeof *name;
     memset(name, 0, sizeof *name);
+    memset(peer, 0, sizeof *peer);
     model__is_socket(s, type);
     *name_len = getsockname(s, (struct sockaddr *)name, &len) == 0 ? len : 0;
+    len = (int)sizeof *peer;
+    *peer_len = getpeername(s, (struct sockaddr *)peer, &len) == 0 ? len : 0;
 }
 
 /* Whether the registration still names the socket it was made for: the
    handle is a socket, of the same type, at the same address (a socket
    unbound when registered cannot be told apart: the strict answer is yes). */
 static int model__same_socket(const model_reg_t *r) {
-    struct sockaddr_storage name;
-    int name_len, type;
-    model__fingerprint(r->socket, &name, &name_len, &type);
+    struct sockaddr_storage name, peer;
+    int name_len, peer_len, type;
+    model__fingerprint(r->socket, &name, &name_len, &peer, &peer_len, &type);
     if (type == 0 || type != r->type)
         return 0;
     if (r->name_len == 0)
         return 1;
-    return name_len == r->name_len && memcmp(&name, &r->name, (size_t)name_len) == 0;
+    if (name_len != r->name_len || memcmp(&name, &r->name, (size_t)name_len) != 0)
+        return 0;
+    /* A peer known then and now must be the same one. A socket connected
+       since its registration, or whose connection has ended, cannot be told
+       apart by it: the strict answer is again yes. */
+    if (r->peer_len == 0 || peer_len == 0)
+        return 1;
+    return peer_len == r->peer_len && memcmp(&peer, &r->peer, (size_t)peer_len) == 0;
 }
 
 static int model__same_socket(const model_reg_t *r);
@@ -318,7 +327,8 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             r->serial = mp->serial;
             r->port_alive = 1;
             r->key = (ULONG_PTR)reg->completionKey;
-            model__fingerprint(reg->socket, &r->name, &r->name_len, &r->type);
+            model__fingerprint(reg->socket, &r->name, &r->name_len, &r->peer, &r->peer_len,
+                               &r->type);
             poly.completionKey = (PVOID)r->key;
             {
                 /* Filled in only if the polyfill accepts. */
@@ -328,15 +338,17 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
                 probe.high = high;
                 model__poly_enable(&probe, &poly);
             }
-            if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+            /* Room in the table first: nothing may fail once the
+               polyfill has the registration. */
+            if ((error = (DWORD)sn_hash_reserve(&model__table)) == 0 &&
+                (error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
                                                              NULL)) == 0)
                 error = poly.registrationResult;
             if (error != 0) {
                 free(r);
                 return error;
             }
-            r->next = model__table[model__bucket(r->socket)];
-            model__table[model__bucket(r->socket)] = r;
+            sn_hash_put(&model__table, (uint64_t)r->socket, (uint64_t)(uintptr_t)r);
         } else {
             /* Rule 1: whatever key the caller gives, the first one stays. */
             model_reg_t probe = *r;
@@ -395,29 +407,27 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
 /* Rule 6, at the start of every call (model lock held): a high edge bit
    whose condition is false now has fallen; the polyfill watches it again. */
 static void model__edges(HANDLE iocp, model_port_t *mp) {
-    uint32_t b;
+    uint32_t pos = 0;
     model_reg_t *r;
-    for (b = 0; b < MODEL_BUCKETS; b++) {
-        for (r = model__table[b]; r != NULL; r = r->next) {
-            SOCK_NOTIFY_REGISTRATION poly;
-            uint8_t now;
-            if (r->serial != mp->serial || !r->port_alive || !model__is_edge(r) ||
-                r->state != MODEL_LIVE || !r->armed)
-                continue;
-            if (r->high != 0) {
-                now = model__ready(r->socket, r->high);
-                if ((r->high & (uint8_t)~now & (SOCK_NOTIFY_EVENT_IN | SOCK_NOTIFY_EVENT_OUT)) != 0) {
-                    r->high = (uint8_t)((r->high & now) |
-                                        (r->high & SOCK_NOTIFY_EVENT_HANGUP));
-                    r->edge_dirty = 1;
-                }
+    while ((r = model__next(&pos)) != NULL) {
+        SOCK_NOTIFY_REGISTRATION poly;
+        uint8_t now;
+        if (r->serial != mp->serial || !r->port_alive || !model__is_edge(r) ||
+            r->state != MODEL_LIVE || !r->armed)
+            continue;
+        if (r->high != 0) {
+            now = model__ready(r->socket, r->high);
+            if ((r->high & (uint8_t)~now & (SOCK_NOTIFY_EVENT_IN | SOCK_NOTIFY_EVENT_OUT)) != 0) {
+                r->high = (uint8_t)((r->high & now) |
+                                    (r->high & SOCK_NOTIFY_EVENT_HANGUP));
+                r->edge_dirty = 1;
             }
-            if (!r->edge_dirty)
-                continue;
-            model__poly_enable(r, &poly);
-            sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL, NULL);
-            r->edge_dirty = 0;
         }
+        if (!r->edge_dirty)
+            continue;
+        model__poly_enable(r, &poly);
+        sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL, NULL);
+        r->edge_dirty = 0;
     }
 }
 
@@ -540,23 +550,20 @@ DWORD WINAPI sn_model_process_socket_notifications(
 
 void sn_model_port_closed(HANDLE iocp) {
     model_port_t **link, *mp;
-    uint32_t b;
-    model_reg_t *r, *next;
+    uint32_t pos = 0;
+    model_reg_t *r;
     AcquireSRWLockExclusive(&model__lock);
     for (link = &model__ports; (mp = *link) != NULL; link = &mp->next) {
         if (mp->iocp != iocp)
             continue;
         *link = mp->next;
-        for (b = 0; b < MODEL_BUCKETS; b++) {
-            for (r = model__table[b]; r != NULL; r = next) {
-                next = r->next;
-                if (r->serial != mp->serial)
-                    continue;
-                if (r->state == MODEL_REMOVING)
-                    model__drop(r);     /* its REMOVE was applied: untied */
-                else
-                    r->port_alive = 0;  /* rule 7: tied to a dead port */
-            }
+        while ((r = model__next(&pos)) != NULL) {
+            if (r->serial != mp->serial)
+                continue;
+            if (r->state == MODEL_REMOVING)
+                model__drop(r);     /* its REMOVE was applied: untied */
+            else
+                r->port_alive = 0;  /* rule 7: tied to a dead port */
         }
         free(mp);
         break;
@@ -579,7 +586,8 @@ int64_t sn_model_control_port(HANDLE iocp, int what, uint64_t socket, int64_t va
                 model_reg_t *r = &model__refused[model__refused_count++];
                 memset(r, 0, sizeof *r);
                 r->socket = (SOCKET)socket;
-                model__fingerprint(r->socket, &r->name, &r->name_len, &r->type);
+                model__fingerprint(r->socket, &r->name, &r->name_len, &r->peer, &r->peer_len,
+                                   &r->type);
             }
         }
         break;

@@ -9,6 +9,14 @@
 
 #include <stdint.h>
 
+/* `static inline` in every dialect the core is compiled in (MSVC's C mode
+   spells it __inline). */
+#if defined(_MSC_VER) && !defined(__clang__)
+#  define SN_INLINE static __inline
+#else
+#  define SN_INLINE static inline
+#endif
+
 #ifdef _WIN32
 #  ifndef WIN32_LEAN_AND_MEAN
 #    define WIN32_LEAN_AND_MEAN
@@ -43,6 +51,18 @@ void sn_mutex_destroy(sn_mutex_t *m);
 
 /* Monotonic milliseconds, for recomputing the remaining timeout. */
 int64_t sn_now_ms(void);
+
+/* "Wait again for the time left", the arithmetic: the deadline of a wait
+   of timeout_ms (> 0) milliseconds starting now, and the milliseconds left
+   before it (0 once it has passed). The port's retry (sn_run.c) and the
+   AFD polyfill's (sn_afd.c) both count with these, on the same clock. */
+SN_INLINE int64_t sn_deadline(int64_t timeout_ms) {
+    return sn_now_ms() + timeout_ms;
+}
+SN_INLINE int64_t sn_time_left(int64_t deadline) {
+    int64_t left = deadline - sn_now_ms();
+    return left > 0 ? left : 0;
+}
 
 /* Sleep about `ms` milliseconds (close() waiting for waiters to leave). */
 void sn_sleep_ms(unsigned ms);

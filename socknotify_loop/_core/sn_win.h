@@ -1,6 +1,7 @@
 /*
- * sn_win.h -- what sn_iocp.c (the port code) and sn_afd*.c (the polyfill)
- * share on Windows. cffi never sees this file.
+ * sn_win.h -- what sn_iocp.c (the port code), sn_model.c (the strict
+ * model) and sn_afd*.c (the polyfill) share on Windows: the SDK's types
+ * and the function signature they all have. cffi never sees this file.
  *
  * ProcessSocketNotifications and its types are missing from mingw-w64 10's
  * headers, so they are declared here, with the values and x64 layout of the
@@ -92,36 +93,7 @@ typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(
    table of them. */
 #include "sn_keys.h"
 
-/* The polyfill: ProcessSocketNotifications on IOCTL_AFD_POLL (sn_afd.c;
-   the three port functions after it are in sn_afd_port.c).
-   Same arguments, same return values (ERROR_SUCCESS, WAIT_TIMEOUT, or an
-   error for the whole call), same per-registration results. */
-DWORD WINAPI sn_afd_process_socket_notifications(
-    HANDLE completionPort,
-    UINT32 registrationCount,
-    SOCK_NOTIFY_REGISTRATION *registrationInfos,
-    UINT32 timeoutMs,
-    ULONG completionCount,
-    OVERLAPPED_ENTRY *completionPortEntries,
-    UINT32 *receivedEntryCount);
-
-/* Release the polyfill's state for a port: cancel outstanding polls, wait
-   for their completions (the kernel writes into our memory until then),
-   close the helper handles, free everything. Call it BEFORE closing the
-   port handle, with no other thread inside the polyfill for that port.
-   Packets still queued on the port are dequeued and dropped. A port the
-   polyfill never saw is left alone. */
-void sn_afd_port_closed(HANDLE port);
-
-/* The polyfill's bookkeeping for a port, for tests and statistics: live
-   registrations, and polls the kernel still owns (in flight, including
-   cancelled ones not yet come back). Returns ERROR_NOT_FOUND for a port
-   the polyfill has not seen. */
-DWORD sn_afd_statistics(HANDLE port, UINT32 *registered, UINT32 *polls_in_flight);
-
-/* Add the polyfill's kernel-call counts for a port (SN_COUNT_AFD_*) into
-   counters[]; nothing for a port the polyfill has not seen. */
-void sn_afd_counters(HANDLE port, uint64_t *counters);
+/* The polyfill's entry points (sn_afd*.c) are declared in sn_afd.h. */
 
 /* The strict model (sn_model.c): the same signature again, on the
    polyfill, with the documented rules enforced. sn_model_port_closed():
@@ -136,13 +108,6 @@ DWORD WINAPI sn_model_process_socket_notifications(
     UINT32 *receivedEntryCount);
 void sn_model_port_closed(HANDLE port);
 int64_t sn_model_control_port(HANDLE port, int what, uint64_t socket, int64_t value);
-
-/* The polyfill serving a port whose own function (the OS's, or the model)
-   refused a socket: sn_afd_translate() turns the polyfill's packets among
-   `got` dequeued entries into notifications in place (others untouched)
-   and resubmits what their completions asked for; returns the entries
-   left. */
-ULONG sn_afd_translate(HANDLE port, OVERLAPPED_ENTRY *entries, ULONG got);
 
 #endif /* _WIN32 */
 #endif /* SN_WIN_H */

@@ -16,7 +16,7 @@
  *                        port code calling a polyfill built on IOCTL_AFD_POLL
  *
  * Keys: the caller's 64-bit key travels with every notification, but the
- * kernel never sees it. The kernel sees a private key made of a table slot and
+ * kernel never sees it. The kernel sees a private key made of a record number and
  * a generation (see sn_internal.h), so a notification still queued for a
  * socket that was closed, and whose handle value was reused by a new
  * registration, is recognised as stale and dropped.
@@ -167,7 +167,9 @@ sn_port_t *sn_port_open(int backend, int *error);
 
 /* Apply `count` registration changes in order (after the port's own
    re-arms if flags has SN_PROCESS_REARM), then wait up to timeout_ms
-   (SN_INFINITE = forever, 0 = poll) for notifications and store at most
+   (milliseconds as a double, as sn_port_select() takes them: any fraction
+   rounds up, a negative value such as SN_INFINITE waits forever, 0 or NaN
+   polls) for notifications and store at most
    max_notifications of them. *received is the number stored (0 on timeout).
    Returns 0, or an error code when the wait itself failed; the registration
    results are valid in both cases. If a caller's ENABLE failed, the call
@@ -177,7 +179,7 @@ sn_port_t *sn_port_open(int backend, int *error);
    A waiter woken by sn_port_close() returns 0 with what it has. */
 int sn_port_process(sn_port_t *port, uint32_t flags,
                     sn_registration_t *registrations, uint32_t count,
-                    int64_t timeout_ms,
+                    double timeout_ms,
                     sn_notification_t *notifications, uint32_t max_notifications,
                     uint32_t *received);
 

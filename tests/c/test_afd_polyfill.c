@@ -21,6 +21,7 @@
 
 #include "sn_internal.h"
 #include "sn_win.h"
+#include "sn_afd.h"
 
 /* The polyfill asserts its poll-state transitions (sn_afd_sock.c); this
    test is where a wrong one must abort, so it is built with them on. */
@@ -686,7 +687,7 @@ static void vtable_round(const sn_backend_ops_t *ops) {
     make_pair(&a, &b);
     memset(&r, 0, sizeof r);
     r.socket = (uint64_t)a;
-    r.key = 0x7000000100000002ull;        /* a kernel key: generation + slot */
+    r.key = 0x7000000100000002ull;        /* a kernel key: generation + record number */
     r.events = SN_EVENT_IN;
     r.op = SN_OP_ENABLE;
     r.trigger = SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL;

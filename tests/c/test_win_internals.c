@@ -31,6 +31,7 @@
 
 #include "sn_internal.h"
 #include "sn_win.h"
+#include "sn_afd.h"
 #include "sn_afd_ws.h"
 
 static int failures;

@@ -54,7 +54,9 @@ def run_bench(version: str, wheel: str, run_args) -> int:
     cross-built wheel installed into that Python (--installed: there is no
     C compiler on the Windows side for an in-place build). Returns 1 if the
     run failed or its results lack a figure the mode must produce."""
-    pip_for_windows(version, ["cffi"])
+    # run.py needs pyperf in the Python that runs it: here the Windows one.
+    from benchmarks import requirement
+    pip_for_windows(version, ["cffi", requirement("pyperf")])
     pip_for_windows(version, ["--no-deps", "--force-reinstall", wheel])
     install_sitecustomize(version)
     rundir = os.path.join(CACHE, "run")

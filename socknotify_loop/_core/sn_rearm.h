@@ -1,0 +1,84 @@
+/*
+ * sn_rearm.h -- the port's two lists of work it does on its own in the
+ * next call (sn_rearm.c): the one-shot re-arms (SN_PROCESS_REARM) and the
+ * ENABLEs that waited for their socket's REMOVE event (SN_CAP_KEY_FIXED).
+ * Internal to the port's files; cffi never sees it. Everything here is
+ * called with the port's lock held.
+ */
+#ifndef SN_REARM_H
+#define SN_REARM_H
+
+#include "sn_call.h"
+
+/* Append `recno` to a growable list of record numbers, growing it
+   (doubling from `first_cap`). Returns 0, leaving the list as it was, if
+   there is no memory. */
+int sn__recnos_grow_push(uint32_t **recnos, uint32_t *count, uint32_t *cap,
+                         uint32_t first_cap, uint32_t recno);
+
+/* Note a delivered one-shot registration for the next SN_PROCESS_REARM
+   call. Returns 0 if there is no memory, in which case the caller simply
+   does not get that registration re-armed for it (as without the flag).
+   Inline, as every re-arm of a busy selector passes here. */
+SN_INLINE int sn__rearm_push(sn_port_t *port, uint32_t recno) {
+    if (port->rearm_count < port->rearm_cap) {
+        port->rearm_recnos[port->rearm_count++] = recno;
+        return 1;
+    }
+    return sn__recnos_grow_push(&port->rearm_recnos, &port->rearm_count,
+                                &port->rearm_cap, 64, recno);
+}
+
+/* Note a reborn record (sn__rebirth) whose ENABLE goes to the kernel with
+   the next call. Returns 0, the list unchanged, if there is no memory. */
+int sn__deferred_push(sn_port_t *port, uint32_t recno);
+
+/* The port's own re-arms (SN_PROCESS_REARM): an ENABLE, with the filter
+   and trigger of the registration's last ENABLE, for every one-shot
+   registration delivered since the last such call and still live. Written
+   into kregs after the caller's changes; returns how many. Inline: a busy
+   selector re-arms at every select. */
+SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
+                                     sn_memo_t *memos) {
+    uint32_t i, n = 0;
+    for (i = 0; i < port->rearm_count; i++) {
+        uint32_t recno = port->rearm_recnos[i];
+        sn_record_t *record = &port->records[recno];
+        if (record->state != SN_RECORD_LIVE || !record->delivered)
+            continue;   /* removed or re-enabled by its owner meanwhile */
+        record->delivered = 0;
+        kregs[n].socket = record->socket;
+        kregs[n].key = SN_KERNEL_KEY(recno, record->generation);
+        kregs[n].events = record->events;
+        kregs[n].op = SN_OP_ENABLE;
+        /* A re-arm renews what the kernel has: if the descriptor was
+           closed meanwhile, it must fail, not arm whatever file took the
+           number (the failure retires the record silently). */
+        kregs[n].trigger = (uint8_t)(record->trigger | SN_TRIGGER_REARM |
+                                     (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY
+                                                        : SN_TRIGGER_ADD));
+        kregs[n].result = 0;
+        memos[n].recno = recno;
+        memos[n].skip = 0;
+        memos[n].kind = SN_MEMO_REARM;
+        memos[n].waits = 0;
+        n++;
+    }
+    port->rearm_count = 0;
+    return n;
+}
+
+
+/* The deferred ENABLEs, written into kregs/memos; returns how many. */
+uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs, sn_memo_t *memos);
+
+/* A deferred ENABLE that failed (memo kind SN_MEMO_DEFERRED_FAILED, its
+   kreg holding the owner's key and filter): its owner, told it
+   succeeded, hears of it as an error event in the sink. */
+void sn__report_deferred_failures(const sn_registration_t *kregs, const sn_memo_t *memos,
+                                  uint32_t from, uint32_t count, sn_sink_t *sink);
+
+/* Release both lists (the port is closing; no thread inside). */
+void sn__rearm_free(sn_port_t *port);
+
+#endif /* SN_REARM_H */

@@ -1,0 +1,41 @@
+/*
+ * sn_table.h -- the port's registration table (sn_table.c): records, the
+ * record numbers that number them, their generations, and the socket index.
+ * Internal to the port's files; cffi never sees it. Everything here is
+ * called with the port's lock held.
+ */
+#ifndef SN_TABLE_H
+#define SN_TABLE_H
+
+#include "sn_internal.h"
+
+/* The live (or REMOVING) record of `socket` and its record number, or NULL. Inline:
+   every change a call translates looks its socket up. */
+SN_INLINE sn_record_t *sn__lookup(sn_port_t *port, uint64_t socket,
+                                  uint32_t *recno) {
+    uint64_t entry = sn_hash_get(&port->index, socket);
+    if (entry == SN_HASH_EMPTY)
+        return NULL;
+    *recno = (uint32_t)(entry - 1);
+    return &port->records[*recno];
+}
+
+/* A fresh LIVE record for socket, entered in the index: 0 and *slot_out,
+   or SN_ERROR_NO_MEMORY with the table unchanged. May move the records
+   array: a record pointer read before the call is stale after it. */
+int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
+                   uint32_t *recno_out);
+
+/* Free the record number; every kernel key it ever issued becomes stale. */
+void sn__record_retire(sn_port_t *port, uint32_t recno);
+
+/* A REMOVING record whose ENABLE waited for the REMOVE event (reborn)
+   starts again under a new generation, its ENABLE on the deferred list
+   (sn_rearm.c). Returns 0 if there was no memory to remember that: the
+   record is then retired. */
+int sn__rebirth(sn_port_t *port, uint32_t recno);
+
+/* Release the table's memory (the port is closing; no thread inside). */
+void sn__table_free(sn_port_t *port);
+
+#endif /* SN_TABLE_H */

@@ -1,0 +1,343 @@
+/*
+ * sn_translate.c -- a call's changes on their way in and their verdicts on
+ * their way back: the caller's registrations turned into kernel ones
+ * (caller key -> kernel key, the checks ProcessSocketNotifications makes,
+ * what one kernel key per socket demands), and the kernel's per-
+ * registration results read back into the table, including the undoing of
+ * a call that failed as a whole.
+ *
+ * One kernel key per socket (SN_CAP_KEY_FIXED: the completion-port
+ * backends). ProcessSocketNotifications keeps a socket's first completion
+ * key until the REMOVE event of its registration has been dequeued ("to
+ * change completion keys, deregister the notification, wait for the
+ * SOCK_NOTIFY_EVENT_REMOVE message, and then re-register"). A new kernel
+ * key before that would be ignored by the kernel, every later packet would
+ * carry the old one and be dropped as stale: a deaf socket. So there:
+ *   - a quiet REMOVE keeps its record (REMOVING) until the REMOVE event;
+ *   - an ENABLE of a REMOVING record waits in it (reborn) and goes to the
+ *     kernel under a new generation once the event is dequeued (or at once
+ *     if the REMOVE failed: the socket was closed); the ENABLEs that waited
+ *     go out with the next kernel call (sn__prepare_deferred), within the
+ *     same sn_port_process() when its wait dequeued the event;
+ *   - an ENABLE of a LIVE record with another caller key (re-key, or a
+ *     value reused after a silent closesocket(): the port cannot tell) is
+ *     a quiet REMOVE whose ENABLE waits the same way;
+ *   - nothing but the REMOVE event is reported for a REMOVING record, and
+ *     nothing at all for a DISABLEd one ("notifications that have already
+ *     been queued might still be delivered": not to our caller);
+ *   - a call that failed as a whole (SN_RESULT_UNAPPLIED: "the entire
+ *     operation failed, and no changes occurred") puts every record back
+ *     as it was, re-arms and waiting ENABLEs included;
+ *   - close() REMOVEs every live registration first, so that a socket
+ *     outliving the port is not left tied to it (sn_port.c).
+ *
+ * A failed caller ENABLE never leaves the call blocked: the backends turn
+ * the wait into a poll when one failed, so the caller hears of the failure
+ * now rather than whenever some other event ends the wait. (A failed
+ * REMOVE or DISABLE needs nobody's attention: the registration is gone
+ * either way, so it does not shorten the wait.)
+ *
+ * Removes that name another registration. A REMOVE (or DISABLE) carries
+ * the caller's key as well as the socket; for a caller that asked for
+ * quiet removes (the selector) the key must be the record's. Otherwise a
+ * REMOVE issued for a registration that its owner has since replaced
+ * (closed, number reused, registered again by another thread) would take
+ * the new registration away.
+ *
+ * The hazard of this file is the record pointer: creating a record may
+ * move the records array (sn__record_new), so after it the record is read
+ * by record number again, never through a pointer taken before. And every verdict
+ * is checked against the record's current generation: a verdict about an
+ * older generation of the record number has nothing left to settle.
+ *
+ * Sources read: Microsoft's article "Winsock socket state notifications"
+ * and the ProcessSocketNotifications reference page (trigger rules, the
+ * per-registration result, "the entire operation failed, and no changes
+ * occurred", changing completion keys); epoll_ctl(2) for the MOD/ADD
+ * errors the epoll backend maps onto the same verdicts.
+ */
+#include "sn_translate.h"
+#include "sn_rearm.h"
+#include "sn_table.h"
+
+static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
+    int persistence = trigger & (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT);
+    int level = trigger & (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE);
+    if (trigger & ~(SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT |
+                    SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE))
+        return SN_ERROR_INVALID;
+    if (persistence == (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT) ||
+        level == (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE))
+        return SN_ERROR_INVALID;
+    /* ProcessSocketNotifications: "one of SOCK_NOTIFY_TRIGGER_LEVEL or
+       SOCK_NOTIFY_TRIGGER_EDGE must be supplied" with ENABLE. */
+    if (level == 0)
+        return SN_ERROR_INVALID;
+    if (trigger & ~ops->triggers)
+        return SN_ERROR_NOT_SUPPORTED;
+    return 0;
+}
+
+/* Translate the caller's registrations into kernel ones (lock held).
+   Returns how many ENABLEs were refused before reaching the kernel. */
+uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+                     sn_registration_t *kregs, sn_memo_t *memos, uint32_t count) {
+    uint32_t i, refused = 0;
+    int key_fixed = (port->ops->caps & SN_CAP_KEY_FIXED) != 0;
+    for (i = 0; i < count; i++) {
+        sn_registration_t *reg = &regs[i];
+        sn_registration_t *kreg = &kregs[i];
+        sn_memo_t *p = &memos[i];
+        sn_record_t *record;
+        uint32_t recno = 0;
+        int err = 0;
+
+        *kreg = *reg;
+        kreg->result = 0;
+        reg->result = 0;
+        p->skip = 0;
+        p->kind = SN_MEMO_CALLER;
+        p->fresh = 0;
+        p->waits = 0;
+        p->was_disabled = 0;
+        record = sn__lookup(port, reg->socket, &recno);
+
+        switch (reg->op) {
+        case SN_OP_ENABLE:
+            if (reg->events & ~(SN_EVENT_IN | SN_EVENT_OUT | SN_EVENT_HANGUP)) {
+                err = SN_ERROR_INVALID;
+                break;
+            }
+            if ((err = sn__valid_trigger(port->ops, reg->trigger)) != 0)
+                break;
+            if (key_fixed && record != NULL && record->state == SN_RECORD_REMOVING) {
+                /* The kernel keeps this socket's key until the REMOVE
+                   event is dequeued: the ENABLE waits for it in the
+                   record, and goes to the kernel under a new key then. */
+                record->reborn = 1;
+                record->next_key = reg->key;
+                record->next_events = reg->events;
+                record->next_trigger = reg->trigger;
+                p->recno = recno;
+                p->skip = 1;
+                p->waits = 1;
+                kreg->op = SN_OP_NONE;
+                continue;
+            }
+            if (record != NULL && record->state == SN_RECORD_LIVE &&
+                record->user_key != reg->key) {
+                if (key_fixed) {
+                    /* Re-keyed, or the value reused after a silent
+                       closesocket(): the port cannot tell which. The
+                       kernel keeps the old key for a live registration,
+                       and whatever it queued under it must not reach the
+                       new key. So: a quiet REMOVE now, and this ENABLE
+                       waits in the record for its REMOVE event (or goes
+                       at once if the REMOVE fails: the socket was closed,
+                       and the kernel holds nothing). */
+                    record->state = SN_RECORD_REMOVING;
+                    record->quiet = 1;
+                    record->reborn = 1;
+                    record->next_key = reg->key;
+                    record->next_events = reg->events;
+                    record->next_trigger = reg->trigger;
+                    p->was_disabled = record->disabled;
+                    p->waits = 2;
+                    p->recno = recno;
+                    kreg->op = SN_OP_REMOVE;
+                    kreg->events = 0;
+                    kreg->trigger = SN_TRIGGER_QUIET;
+                    kreg->key = SN_KERNEL_KEY(recno, record->generation);
+                    continue;
+                } else {
+                    /* The socket value was reused (or re-keyed): whatever
+                       is queued under the old key must not reach this one. */
+                    sn__record_retire(port, recno);
+                    record = NULL;
+                }
+            }
+            if (record == NULL || record->state != SN_RECORD_LIVE) {
+                /* May grow (move) the table: `record` is not read after. */
+                if ((err = sn__record_new(port, reg->socket, reg->key, &recno)) != 0)
+                    break;
+                p->fresh = 1;
+            }
+            kreg->trigger |= port->records[recno].in_kernel ? SN_TRIGGER_MODIFY_ONLY
+                                                           : SN_TRIGGER_ADD;
+            p->was_disabled = port->records[recno].disabled;
+            port->records[recno].events = reg->events;
+            port->records[recno].trigger = reg->trigger;
+            port->records[recno].delivered = 0;
+            port->records[recno].disabled = 0;
+            break;
+        case SN_OP_DISABLE:
+        case SN_OP_REMOVE:
+            if (reg->op == SN_OP_REMOVE && record != NULL && record->reborn &&
+                record->state == SN_RECORD_REMOVING && record->next_key == reg->key) {
+                /* The ENABLE that waits for the REMOVE event is taken
+                   back: the kernel never heard of it. */
+                record->reborn = 0;
+                p->skip = 1;
+                kreg->op = SN_OP_NONE;
+                continue;
+            }
+            if (record == NULL || record->state != SN_RECORD_LIVE ||
+                ((flags & SN_PROCESS_QUIET_REMOVE) && record->user_key != reg->key)) {
+                err = SN_ERROR_NOT_REGISTERED;
+                break;
+            }
+            p->was_disabled = record->disabled;
+            record->delivered = 0;   /* nothing for a re-arm to renew */
+            if (reg->op == SN_OP_REMOVE) {
+                record->state = SN_RECORD_REMOVING;
+                record->quiet = (flags & SN_PROCESS_QUIET_REMOVE) != 0;
+                if (flags & SN_PROCESS_QUIET_REMOVE)
+                    kreg->trigger |= SN_TRIGGER_QUIET;
+            } else {
+                /* Nothing is reported from now on, even what the kernel
+                   had queued before ("might still be delivered"). */
+                record->disabled = 1;
+            }
+            break;
+        case SN_OP_NONE:
+            p->skip = 1;
+            continue;
+        default:
+            err = SN_ERROR_INVALID;
+            break;
+        }
+        if (err != 0) {
+            reg->result = (uint32_t)err;
+            p->skip = 1;
+            refused += reg->op == SN_OP_ENABLE;
+            /* NONE is harmless to the kernel: it keeps the batch aligned. */
+            kreg->op = SN_OP_NONE;
+            continue;
+        }
+        p->recno = recno;
+        kreg->key = SN_KERNEL_KEY(recno, port->records[recno].generation);
+    }
+    return refused;
+}
+
+/* A registration of a call that failed as a whole (SN_RESULT_UNAPPLIED:
+   "no changes occurred"): put the record back as it was before the call
+   (lock held). */
+static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_memo_t *p) {
+    sn_record_t *record = &port->records[p->recno];
+    if (record->state == SN_RECORD_FREE ||
+        SN_KERNEL_KEY(p->recno, record->generation) != kreg->key)
+        return;
+    if (p->kind == SN_MEMO_REARM) {
+        if (record->state == SN_RECORD_LIVE && sn__rearm_push(port, p->recno))
+            record->delivered = 1;
+        return;
+    }
+    if (p->kind == SN_MEMO_DEFERRED) {
+        if (!sn__deferred_push(port, p->recno))
+            sn__record_retire(port, p->recno);
+        return;
+    }
+    switch (kreg->op) {
+    case SN_OP_REMOVE:
+        record->state = SN_RECORD_LIVE;
+        record->quiet = 0;
+        record->disabled = p->was_disabled;
+        break;
+    case SN_OP_DISABLE:
+        record->disabled = p->was_disabled;
+        break;
+    case SN_OP_ENABLE:
+        if (p->fresh)
+            sn__record_retire(port, p->recno);   /* the kernel never had it */
+        else
+            record->disabled = p->was_disabled;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Read the kernel's verdicts back into the table (lock held). The first
+   `callers` kernel registrations are the caller's; the rest are the port's
+   own re-arms and deferred ENABLEs, whose verdicts settle the table but
+   belong to no caller registration. `call_error` is the call's error, for
+   the registrations of a call that failed as a whole. */
+void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+                sn_registration_t *kregs, sn_memo_t *memos,
+                uint32_t callers, uint32_t count, int call_error) {
+    uint32_t i;
+    int key_fixed = (port->ops->caps & SN_CAP_KEY_FIXED) != 0;
+    int failed_whole = 0;
+    for (i = 0; i < count; i++)
+        failed_whole |= !memos[i].skip && kregs[i].result == SN_RESULT_UNAPPLIED;
+    if (failed_whole && call_error == 0)
+        call_error = SN_ERROR_INVALID;
+    for (i = 0; i < count; i++) {
+        sn_memo_t *p = &memos[i];
+        sn_record_t *record;
+        if (p->skip) {
+            if (p->waits && failed_whole) {
+                /* Its REMOVE never reached the kernel: nothing to wait for. */
+                port->records[p->recno].reborn = 0;
+                regs[i].result = (uint32_t)call_error;
+            }
+            continue;
+        }
+        if (kregs[i].result == SN_RESULT_UNAPPLIED) {
+            if (i < callers)
+                regs[i].result = (uint32_t)call_error;
+            if (p->waits == 2)
+                port->records[p->recno].reborn = 0;   /* and back to LIVE: */
+            sn__unapply(port, &kregs[i], p);
+            continue;
+        }
+        if (i < callers)
+            /* A re-key's REMOVE is ours: the caller's ENABLE waits. */
+            regs[i].result = p->waits == 2 ? 0 : kregs[i].result;
+        record = &port->records[p->recno];
+        /* A verdict about an older generation of this record number has nothing
+           left to settle. */
+        if (SN_KERNEL_KEY(p->recno, record->generation) != kregs[i].key)
+            continue;
+        if (kregs[i].result == 0) {
+            if (kregs[i].op == SN_OP_ENABLE)
+                record->in_kernel = 1;
+            else if (kregs[i].op == SN_OP_DISABLE)
+                record->in_kernel = 0;
+            /* A quiet REMOVE retires now: nothing more will be reported
+               under this registration's key. Not where the kernel keeps
+               the key until the REMOVE event: the record waits for it. */
+            else if (kregs[i].op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE) &&
+                     !key_fixed)
+                sn__record_retire(port, p->recno);
+            continue;
+        }
+        if (p->kind == SN_MEMO_DEFERRED) {
+            /* An ENABLE its owner was told succeeded (it waited for a
+               REMOVE event): the owner hears of the failure as an error
+               event, reported by sn__run with these fields. */
+            kregs[i].key = record->user_key;
+            kregs[i].events = record->events;
+            p->kind = SN_MEMO_DEFERRED_FAILED;
+            sn__record_retire(port, p->recno);
+            continue;
+        }
+        /* A failed re-arm of ours: the descriptor went away under its
+           owner. The kernel has nothing armed for it, so nothing can be
+           delivered; the record stays, so that the owner's next change
+           meets the same error (a modify, like epoll_ctl MOD: ENOENT) and
+           its REMOVE retires it. */
+        if (i >= callers)
+            continue;
+        /* A failed REMOVE means the socket is already gone (closesocket
+           deregistered it silently): no REMOVE event will come, so an
+           ENABLE waiting for one goes ahead now. A failed ENABLE leaves
+           the kernel's view unknown. Either way nothing more may be
+           delivered under this registration's key. */
+        if (kregs[i].op == SN_OP_REMOVE && record->reborn)
+            sn__rebirth(port, p->recno);
+        else if (kregs[i].op == SN_OP_REMOVE || kregs[i].op == SN_OP_ENABLE)
+            sn__record_retire(port, p->recno);
+    }
+}
