@@ -31,7 +31,7 @@ PORT_SOURCES = [
     "sn_rearm.c", "sn_run.c", "sn_select.c",
 ]
 SOURCES = PORT_SOURCES + [
-    "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c",
+    "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c", "sn_iocp_fn.c",
     "sn_afd.c", "sn_afd_sock.c", "sn_afd_port.c", "sn_afd_group.c",
     "sn_afd_ws.c", "sn_afd_nt.c", "sn_model.c",
 ]

@@ -69,6 +69,9 @@
  * port layer never issues kernel key 0 (generations start at 1), so key 0
  * means the same thing. Any other reserved key is dropped.
  *
+ * Which function processes a port -- the OS's, the polyfill's or the strict
+ * model's -- and the bare calls of each without a port are sn_iocp_fn.c's.
+ *
  * Sources read: Microsoft's article "Winsock socket state notifications"
  * and its C samples, the learn.microsoft.com pages for
  * ProcessSocketNotifications, SOCK_NOTIFY_REGISTRATION and
@@ -79,6 +82,7 @@
 #include "sn_internal.h"
 #include "sn_win.h"
 #include "sn_afd.h"
+#include "sn_iocp_fn.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -116,47 +120,6 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
    port's buffers (below). */
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
-
-/* --------------------------------------------------------------- PSN lookup */
-
-static sn_process_socket_notifications_fn iocp__psn;
-static INIT_ONCE iocp__psn_once = INIT_ONCE_STATIC_INIT;
-
-static BOOL CALLBACK iocp__psn_lookup(PINIT_ONCE once, PVOID param, PVOID *context) {
-    HMODULE ws2 = GetModuleHandleW(L"ws2_32.dll");
-    (void)once;
-    (void)param;
-    (void)context;
-    /* Normally loaded already (we link it); never unloaded once loaded. */
-    if (ws2 == NULL)
-        ws2 = LoadLibraryW(L"ws2_32.dll");
-    if (ws2 != NULL)
-        iocp__psn = (sn_process_socket_notifications_fn)(void (*)(void))
-            GetProcAddress(ws2, "ProcessSocketNotifications");
-    return TRUE;
-}
-
-static int iocp__psn_found(void) {
-    InitOnceExecuteOnce(&iocp__psn_once, iocp__psn_lookup, NULL, NULL);
-    return iocp__psn != NULL;
-}
-
-static int iocp__available_psn(const char **why) {
-    int found = iocp__psn_found();
-    *why = found ? "ProcessSocketNotifications exported by ws2_32"
-                 : "ProcessSocketNotifications not exported by ws2_32 "
-                   "(needs Windows 11 or Server 2022)";
-    return found;
-}
-
-static int iocp__available_afd(const char **why) {
-    *why = iocp__psn_found()
-        ? "IOCTL_AFD_POLL polyfill (available; the OS's own "
-          "ProcessSocketNotifications is preferred)"
-        : "ProcessSocketNotifications not exported by ws2_32; "
-          "AFD fallback (IOCTL_AFD_POLL polyfill)";
-    return 1;
-}
 
 /* ----------------------------------------------------------------- the port */
 
@@ -334,9 +297,10 @@ err1:
 }
 
 static int iocp__open_psn(sn_port_t *port) {
-    if (!iocp__psn_found())
+    sn_process_socket_notifications_fn psn = sn_iocp_function(SN_BACKEND_PSN);
+    if (psn == NULL)
         return SN_ERROR_NOT_SUPPORTED;
-    return iocp__open(port, iocp__psn, 0);
+    return iocp__open(port, psn, 0);
 }
 
 static int iocp__open_afd(sn_port_t *port) {
@@ -347,11 +311,6 @@ static int iocp__open_strict(sn_port_t *port) {
     return iocp__open(port, sn_model_process_socket_notifications, 0);
 }
 
-static int iocp__available_strict(const char **why) {
-    *why = "the strict model of ProcessSocketNotifications (tests only), "
-           "on the IOCTL_AFD_POLL polyfill";
-    return 1;
-}
 
 /* sn_port's timeout (ms, SN_INFINITE for ever) as PSN's UINT32. */
 static UINT32 iocp__timeout(int64_t timeout_ms) {
@@ -619,7 +578,7 @@ const sn_backend_ops_t sn_psn_ops = {
     .id = SN_BACKEND_PSN,
     .triggers = IOCP_TRIGGERS_PSN,
     .caps = SN_CAP_KEY_FIXED,
-    .available = iocp__available_psn,
+    .available = sn_iocp_available_psn,
     .open = iocp__open_psn,
     .process = iocp__process,
     .post = iocp__post,
@@ -633,7 +592,7 @@ const sn_backend_ops_t sn_strict_ops = {
     .id = SN_BACKEND_STRICT,
     .triggers = IOCP_TRIGGERS_STRICT,
     .caps = SN_CAP_KEY_FIXED,
-    .available = iocp__available_strict,
+    .available = sn_iocp_available_strict,
     .open = iocp__open_strict,
     .process = iocp__process,
     .post = iocp__post,
@@ -648,7 +607,7 @@ const sn_backend_ops_t sn_afd_ops = {
     .id = SN_BACKEND_AFD,
     .triggers = IOCP_TRIGGERS_AFD,
     .caps = SN_CAP_KEY_FIXED,
-    .available = iocp__available_afd,
+    .available = sn_iocp_available_afd,
     .open = iocp__open_afd,
     .process = iocp__process,
     .post = iocp__post,
@@ -670,81 +629,6 @@ int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t val
     answer = sn_model_control_port(((iocp_port_t *)port->impl)->iocp, what, socket, value);
     sn_port_leave(port);
     return answer;
-}
-
-/* ---------------------------------------------------- the bare functions */
-
-static sn_process_socket_notifications_fn iocp__raw_fn(int backend) {
-    switch (backend) {
-    case SN_BACKEND_PSN:    return iocp__psn_found() ? iocp__psn : NULL;
-    case SN_BACKEND_AFD:    return sn_afd_process_socket_notifications;
-    case SN_BACKEND_STRICT: return sn_model_process_socket_notifications;
-    default:                return NULL;
-    }
-}
-
-int sn_raw_open(int backend, uint64_t *handle) {
-    HANDLE iocp;
-    if (iocp__raw_fn(backend) == NULL)
-        return SN_ERROR_NOT_SUPPORTED;
-    iocp = CreateIoCompletionPort(INVALID_HANDLE_VALUE, NULL, 0, 0);
-    if (iocp == NULL)
-        return (int)GetLastError();
-    *handle = (uint64_t)(uintptr_t)iocp;
-    return 0;
-}
-
-int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registrations,
-                   uint32_t count, uint32_t timeout_ms,
-                   sn_notification_t *notifications, uint32_t max_notifications,
-                   uint32_t *received) {
-    sn_process_socket_notifications_fn fn = iocp__raw_fn(backend);
-    SOCK_NOTIFY_REGISTRATION kregs[IOCP_STACK_REGS];
-    OVERLAPPED_ENTRY entries[IOCP_STACK_ENTRIES];
-    UINT32 got = 0, i;
-    DWORD rc;
-    *received = 0;
-    if (fn == NULL)
-        return SN_ERROR_NOT_SUPPORTED;
-    if (count > IOCP_STACK_REGS || max_notifications > IOCP_STACK_ENTRIES)
-        return SN_ERROR_INVALID;
-    for (i = 0; i < count; i++) {
-        kregs[i].socket = (SOCKET)registrations[i].socket;
-        kregs[i].completionKey = (PVOID)(uintptr_t)registrations[i].key;
-        kregs[i].eventFilter = registrations[i].events;
-        kregs[i].operation = registrations[i].op;
-        kregs[i].triggerFlags = registrations[i].trigger;
-        kregs[i].registrationResult = ERROR_SUCCESS;
-    }
-    if (max_notifications == 0)
-        rc = fn((HANDLE)(uintptr_t)handle, count, count ? kregs : NULL, 0, 0, NULL, NULL);
-    else
-        rc = fn((HANDLE)(uintptr_t)handle, count, count ? kregs : NULL, timeout_ms,
-                max_notifications, entries, &got);
-    for (i = 0; i < count; i++)
-        registrations[i].result = (uint32_t)kregs[i].registrationResult;
-    if (rc == ERROR_SUCCESS) {
-        for (i = 0; i < got; i++) {
-            notifications[i].key = (uint64_t)entries[i].lpCompletionKey;
-            notifications[i].events = entries[i].dwNumberOfBytesTransferred;
-        }
-        *received = got;
-    }
-    return (int)rc;
-}
-
-int sn_raw_close(int backend, uint64_t handle) {
-    HANDLE iocp = (HANDLE)(uintptr_t)handle;
-    if (iocp__raw_fn(backend) == NULL)
-        return SN_ERROR_NOT_SUPPORTED;
-    if (backend == SN_BACKEND_STRICT)
-        sn_model_port_closed(iocp);
-    /* The polyfill may serve any port (and the model's sockets): release
-       what it holds for this one before the handle goes. */
-    sn_afd_port_closed(iocp);
-    if (!CloseHandle(iocp))
-        return (int)GetLastError();
-    return 0;
 }
 
 #endif /* _WIN32 */
