@@ -504,19 +504,27 @@ def write(results: dict, results_path: str) -> str:
     return doc
 
 
+#: Sections of the page that runs of their own write (between these
+#: markers), carried over when a full run rewrites the page.
+KEPT_REGISTRATION = ("<!-- registration: measured on its own, kept by report.py -->",
+                     "<!-- /registration -->")
+
+
 def kept_sections(doc: str) -> list:
     """The other Pythons' section (benchmarks/pythons.py writes it from
-    runs of its own), carried over from the page being replaced."""
+    runs of its own) and the registration path's before/after figures,
+    carried over from the page being replaced."""
     from .pythons import BEGIN, END
     try:
         with open(doc, encoding="utf-8") as f:
             text = f.read()
     except OSError:
         return []
-    if BEGIN not in text or END not in text:
-        return []
-    block = text[text.index(BEGIN):text.index(END) + len(END)]
-    return ["", *block.splitlines()]
+    out: list = []
+    for begin, end in ((BEGIN, END), KEPT_REGISTRATION):
+        if begin in text and end in text:
+            out += ["", *text[text.index(begin):text.index(end) + len(end)].splitlines()]
+    return out
 
 
 def main(argv) -> int:
