@@ -103,8 +103,9 @@ def section(paths: List[str]) -> List[str]:
            "trips subtracted (the figure that does not move). Timings: interleaved "
            "rounds of 0.2 s warm-up and 0.8 s measured per figure, ours/asyncio "
            "throughput, median (min-max); the asyncio-again (A/A) band shows the noise "
-           "of that run. The host's CPU was shared with other work while these ran, so "
-           "the timings are indicative only; the instruction ratios settle the question.",
+           "of that run. On this 2-core machine that band is as wide as the differences "
+           "measured, so the timings are indicative only; the instruction ratios settle "
+           "the question.",
            "",
            "| Python | case | instructions, ours / asyncio | ratio | timing, ours / asyncio "
            "| A/A band |",
