@@ -3,25 +3,10 @@ on any OS by playing the platform: a 32-bit Windows Python is refused with a
 clear error before any compiler runs, and MSVC is asked for C11."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
-from types import ModuleType
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILDER = os.path.join(ROOT, "socknotify_loop", "_build.py")
-
-
-def load_builder() -> ModuleType:
-    # By path: the builder is a build-time file the wheel leaves out, and
-    # importing it through the package would load the compiled core.
-    spec = importlib.util.spec_from_file_location("socknotify_loop_build_test", BUILDER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from _builder import load_builder
 
 
 class _Struct:

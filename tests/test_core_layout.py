@@ -4,24 +4,14 @@ between a file and the headers of the files that include it back), every
 C file is built, and cffi sees one header."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-from types import ModuleType
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _builder import ROOT, load_builder
+
 CORE = os.path.join(ROOT, "socknotify_loop", "_core")
-BUILDER = os.path.join(ROOT, "socknotify_loop", "_build.py")
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-
-
-def load_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("socknotify_loop_build_layout", BUILDER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def local_includes(folder: str = CORE) -> dict[str, set[str]]:

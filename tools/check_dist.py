@@ -75,7 +75,8 @@ def check_sdist(sdist: str) -> None:
     required = ["LICENSE", "pyproject.toml", "setup.py", "socknotify_loop/_build.py",
                 "socknotify_loop/_core/socknotify.h", "socknotify_loop/_version.py",
                 "tests/conftest.py", "tests/_platform.py", "tests/_sockets.py",
-                "tests/_testbase.py", "tests/servers.py", "examples/asyncio_echo.py"]
+                "tests/_testbase.py", "tests/_builder.py", "tests/servers.py",
+                "examples/asyncio_echo.py"]
     missing = [name for name in required if name not in names]
     if missing:
         fail(f"the sdist lacks {missing}")
