@@ -79,17 +79,9 @@ uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs,
         sn_record_t *record = &port->records[recno];
         if (record->state != SN_RECORD_LIVE || record->in_kernel || record->disabled)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
-        kregs[n].socket = record->socket;
-        kregs[n].key = SN_KERNEL_KEY(recno, record->generation);
-        kregs[n].events = record->events;
-        kregs[n].op = SN_OP_ENABLE;
         /* A fresh registration under the new key. */
-        kregs[n].trigger = (uint8_t)(record->trigger | SN_TRIGGER_ADD);
-        kregs[n].result = 0;
-        memos[n].recno = recno;
-        memos[n].skip = 0;
-        memos[n].kind = SN_MEMO_DEFERRED;
-        memos[n].waits = 0;
+        sn__own_enable(record, recno, (uint8_t)(record->trigger | SN_TRIGGER_ADD),
+                       SN_MEMO_DEFERRED, &kregs[n], &memos[n]);
         n++;
     }
     port->deferred_count = 0;

@@ -33,6 +33,24 @@ SN_INLINE int sn__rearm_push(sn_port_t *port, uint32_t recno) {
    the next call. Returns 0, the list unchanged, if there is no memory. */
 int sn__deferred_push(sn_port_t *port, uint32_t recno);
 
+/* One ENABLE of the port's own for record `recno`, under its current
+   kernel key and with its last filter, written into *kreg and *memo: what
+   a re-arm and a deferred ENABLE have in common (`trigger` and `kind` say
+   which). */
+SN_INLINE void sn__own_enable(const sn_record_t *record, uint32_t recno, uint8_t trigger,
+                              uint8_t kind, sn_registration_t *kreg, sn_memo_t *memo) {
+    kreg->socket = record->socket;
+    kreg->key = SN_KERNEL_KEY(recno, record->generation);
+    kreg->events = record->events;
+    kreg->op = SN_OP_ENABLE;
+    kreg->trigger = trigger;
+    kreg->result = 0;
+    memo->recno = recno;
+    memo->skip = 0;
+    memo->kind = kind;
+    memo->waits = 0;
+}
+
 /* The port's own re-arms (SN_PROCESS_REARM): an ENABLE, with the filter
    and trigger of the registration's last ENABLE, for every one-shot
    registration delivered since the last such call and still live. Written
@@ -47,21 +65,14 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
         if (record->state != SN_RECORD_LIVE || !record->delivered)
             continue;   /* removed or re-enabled by its owner meanwhile */
         record->delivered = 0;
-        kregs[n].socket = record->socket;
-        kregs[n].key = SN_KERNEL_KEY(recno, record->generation);
-        kregs[n].events = record->events;
-        kregs[n].op = SN_OP_ENABLE;
         /* A re-arm renews what the kernel has: if the descriptor was
            closed meanwhile, it must fail, not arm whatever file took the
            number (the failure retires the record silently). */
-        kregs[n].trigger = (uint8_t)(record->trigger | SN_TRIGGER_REARM |
-                                     (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY
-                                                        : SN_TRIGGER_ADD));
-        kregs[n].result = 0;
-        memos[n].recno = recno;
-        memos[n].skip = 0;
-        memos[n].kind = SN_MEMO_REARM;
-        memos[n].waits = 0;
+        sn__own_enable(record, recno,
+                       (uint8_t)(record->trigger | SN_TRIGGER_REARM |
+                                 (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY
+                                                    : SN_TRIGGER_ADD)),
+                       SN_MEMO_REARM, &kregs[n], &memos[n]);
         n++;
     }
     port->rearm_count = 0;
