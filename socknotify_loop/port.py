@@ -485,34 +485,38 @@ class Port:
             raise self._closed_error()
         return err
 
-    def change_function(self) -> Tuple[Callable[[int, int, int, int, int, int], int], int]:
-        """``(f, address)``: ``f(address, fd, key, events, op, trigger) ->
-        code`` applies one change at once (removes quiet, as a selector
-        wants them) and returns 0 or the error code :meth:`change_error`
-        turns into an exception. ``address`` is as for
-        :meth:`select_function`."""
-        return lib.sn_port_change_at, int(lib.sn_port_address(self._handle))
+    @property
+    def address(self) -> int:
+        """This port's C object as an integer, the first argument of the
+        functions below: the binding converts an integer for less than a
+        pointer, on calls a loop makes every iteration. Valid while this
+        Port lives (the caller keeps a reference to it)."""
+        return int(lib.sn_port_address(self._handle))
 
-    def select_function(self) -> Tuple[Callable[[int, int, float], int], int]:
-        """``(f, address)``: ``f(address, changes, wait_ms) -> answer``
-        applies the first ``changes`` changes of the bound change buffer
-        and the port's one-shot re-arms, waits up to ``wait_ms``
-        milliseconds (a float, rounded up; negative waits forever) and
-        writes ``(key, selector mask)`` pairs at the front of the bound
-        output, the keys of I/O completions after them.
+    def change_function(self) -> Callable[[int, int, int, int, int, int], int]:
+        """``f(address, fd, key, events, op, trigger) -> code`` applies one
+        change at once (removes quiet, as a selector wants them) and returns
+        0 or the error code :meth:`change_error` turns into an exception.
+        ``address`` is :attr:`address`."""
+        change: Callable[[int, int, int, int, int, int], int] = lib.sn_port_change_at
+        return change
+
+    def select_function(self) -> Callable[[int, int, float], int]:
+        """``f(address, changes, wait_ms) -> answer`` (``address`` is
+        :attr:`address`) applies the first ``changes`` changes of the bound
+        change buffer and the port's one-shot re-arms, waits up to
+        ``wait_ms`` milliseconds (a float, rounded up; negative waits
+        forever) and writes ``(key, selector mask)`` pairs at the front of
+        the bound output, the keys of I/O completions after them.
 
         The answer: minus an error code (:meth:`select_error`); or, when
         its two low bits are not 0, exactly one pair, key ``answer >> 2``
         and mask ``answer & 3``, which is not in the buffer; or else
         ``answer >> 2`` is the number of pairs in the buffer plus the
         number of I/O keys times 2**32. One thread at a time: another gets
-        the busy error.
-
-        ``address`` names this port's C object as an integer, which the
-        binding converts for less than a pointer on a call made every
-        iteration; it is valid while this Port lives (the caller keeps a
-        reference to it)."""
-        return lib.sn_port_select_at, int(lib.sn_port_address(self._handle))
+        the busy error."""
+        select: Callable[[int, int, float], int] = lib.sn_port_select_at
+        return select
 
     def wait_functions(self) -> Tuple[Callable[[int], int], Callable[[int], int],
                                       Callable[[int, float], int]]:

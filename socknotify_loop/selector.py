@@ -146,8 +146,8 @@ class FastPath:
 
     The attributes always name the selector's current objects (the lists
     are never replaced, ``out`` is updated when the buffers are bound
-    anew). ``port`` is the port's address for ``select`` (see
-    :meth:`Port.select_function`); ``owner`` keeps the port alive with it.
+    anew). ``port`` is the port's address for these calls
+    (:attr:`Port.address`); ``owner`` keeps the port alive with it.
     With nothing queued (``pending`` and ``released`` empty),
     ``fast.poll(fast.port)``, ``fast.block(fast.port)`` and
     ``fast.wait(fast.port, wait_ms)`` are ``fast.select(fast.port, 0, 0)``,
@@ -241,7 +241,8 @@ class NotifySelector(selectors.BaseSelector):
     def __init__(self, backend: str | None = None) -> None:
         self._port = port = Port(backend)
         self._at_once = port.changes_at_once
-        self._change_now, self._port_address = port.change_function()
+        self._change_now = port.change_function()
+        self._port_address = port.address
         # fd -> _Record: the one record per registration.
         self._records: dict[int, _Record] = {}
         # slot -> SelectorKey (None when free): the hot path's index from
@@ -276,7 +277,8 @@ class NotifySelector(selectors.BaseSelector):
         #: The selector as a loop's iteration reads it (see :class:`FastPath`):
         #: the same object for the selector's whole life.
         fast = self.fast_path = self._fast = FastPath()
-        fast.select, fast.port = port.select_function()
+        fast.select = port.select_function()
+        fast.port = self._port_address
         fast.poll, fast.block, fast.wait = port.wait_functions()
         fast.owner = port
         fast.token = self._select_token
