@@ -75,6 +75,12 @@ fi
 export WINEPREFIX=${WINEPREFIX:-$root/.wine-cache/prefix-ctest}
 export WINEDEBUG=${WINEDEBUG:--all}
 wine=$(command -v wine64 || command -v wine)
+server=$(command -v wineserver || echo /usr/lib/wine/wineserver64)
+# The prefix's wineserver and the services it starts inherit this script's
+# stdout and hold it open after the programs end: end them on the way out,
+# so whoever reads this script's output sees it end.
+trap '"$server" -k 2>/dev/null; "$server" -w 2>/dev/null' EXIT
 # Windows programs under Wine want a stdin; the first run creates the prefix.
-"$wine" "$out/test_afd_polyfill.exe" </dev/null
-"$wine" "$out/test_win_internals.exe" </dev/null
+# Each program takes seconds; the bound turns a hang into a named failure.
+timeout 300 "$wine" "$out/test_afd_polyfill.exe" </dev/null
+timeout 300 "$wine" "$out/test_win_internals.exe" </dev/null

@@ -15,6 +15,10 @@ from .runtime import stop_wineserver, windows_path, wine_python
 TESTS = os.path.join(ROOT, "tests")
 #: what the tests need in the Windows Python when tests/ names nothing
 TEST_REQUIREMENTS = ["cffi", "pytest", "pytest-timeout"]
+#: seconds one pytest run under Wine may take: the whole suite takes about
+#: 250 s; pytest-timeout ends a stuck test after 300 s (pyproject.toml), and
+#: this ends a run stuck anywhere else, so CI fails naming it, in time.
+RUN_TIMEOUT = 900
 
 
 @contextlib.contextmanager
@@ -89,7 +93,7 @@ def _run_windows_pytest(version: str, runs, rundir: str) -> int:
         start = time.monotonic()
         proc = wine_python(version, ["-m", "pytest", "-p", "no:cacheprovider",
                                      "--rootdir", windows_path(ROOT), "-rs", *run_args],
-                           check=False, cwd=rundir)
+                           check=False, cwd=rundir, timeout=RUN_TIMEOUT)
         log(f"pytest under Wine (Python {version}) exited {proc.returncode} "
             f"after {time.monotonic() - start:.0f} s")
         returncode = proc.returncode

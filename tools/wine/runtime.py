@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 from .config import CACHE, log
 from .python import WINDOWS_PYTHONS, python_dir
@@ -41,20 +42,64 @@ def windows_path(path: str) -> str:
     return "Z:" + os.path.abspath(path).replace("/", "\\")
 
 
-def wine_python(version: str, args, check=True, **kwargs) -> subprocess.CompletedProcess:
-    """Run the Windows Python with ``args``; its output is echoed and kept
-    in the result's ``stdout``."""
+def wine_python(version: str, args, check: bool = True, timeout: float | None = None,
+                cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run the Windows Python with ``args``; its output is echoed as it comes
+    and kept in the result's ``stdout``.
+
+    ``timeout`` (seconds) bounds the run: past it, every process of the
+    prefix is ended and the result's return code is 124 (timeout(1)'s).
+    """
     exe = os.path.join(python_dir(version), "python.exe")
     cmd = [wine_binary(), exe, *args]
     log(" ".join(cmd))
-    # Windows Python under Wine needs a real stdin, and pipes for its output.
-    proc = subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL, env=wine_env(version),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
-    sys.stdout.write(proc.stdout.decode("utf-8", "replace"))
-    sys.stdout.flush()
-    if check and proc.returncode != 0:
-        raise SystemExit(f"Windows Python exited with {proc.returncode}")
-    return proc
+    # Windows Python under Wine needs a real stdin, and pipes for its output
+    # (with a regular file as stdout it stops at start: "can't initialize
+    # sys standard streams", WinError 6).
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=wine_env(version), cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    pipe = proc.stdout
+    chunks: list[bytes] = []
+
+    def pump() -> None:
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            chunks.append(chunk)
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+
+    reader = threading.Thread(target=pump, name="wine-output", daemon=True)
+    reader.start()
+    try:
+        returncode = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log(f"the Windows Python did not finish within {timeout:.0f} s: "
+            "ending every process of its Wine prefix")
+        proc.kill()
+        proc.wait()
+        stop_wineserver(version)
+        returncode = 124
+    # The end of the output is not the end of the process: the wineserver
+    # that the first Windows process of a prefix starts, and the services it
+    # starts in turn (services.exe, winedevice.exe, rpcss.exe...), inherit
+    # that process's stdout and keep the pipe open until they exit. They
+    # exit a few seconds after the last Windows process, or never while a
+    # stray child of the program lives on, so waiting for the pipe's end
+    # (as subprocess.run does) can wait forever beside a finished
+    # python.exe. Wait for the process instead, then end the prefix's
+    # leftovers if the pipe is still held.
+    reader.join(timeout=15)
+    if reader.is_alive():
+        stop_wineserver(version)
+        reader.join(timeout=30)
+    if reader.is_alive():
+        log("the Wine prefix's processes still hold the output pipe; its rest is lost")
+    else:
+        pipe.close()
+    result = subprocess.CompletedProcess(cmd, returncode, b"".join(chunks), None)
+    if check and returncode != 0:
+        raise SystemExit(f"Windows Python exited with {returncode}")
+    return result
 
 
 def stop_wineserver(version: str, env: dict[str, str] | None = None) -> None:
