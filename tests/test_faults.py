@@ -425,6 +425,10 @@ def test_loop_handles_sigint_promptly_after_closed_dup():
     out = run_child("""
         import asyncio, os, signal, socket, threading, time
         from socknotify_loop import Loop
+        # Python turns SIGINT into KeyboardInterrupt only if SIGINT was not
+        # ignored when it started, and a job that a non-interactive shell
+        # starts in the background starts with SIGINT ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         loop = Loop()
         a, b = socket.socketpair()
         a.setblocking(False)
