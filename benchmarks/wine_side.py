@@ -85,13 +85,12 @@ def stop_wineserver() -> None:
 
 
 def windows_python(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the Windows Python once (set-up chores), output captured."""
-    exe = os.path.join(windows_cpython.python_dir(PY), "python.exe")
+    """Run the Windows Python once (set-up chores), output captured; bounded
+    by ``timeout`` (tools/wine's runner, which waits for the process and
+    not for the end of its output, held open by the prefix's services)."""
     try:
-        return subprocess.run([wine_runtime.wine_binary(), exe, *args], check=False,
-                              env=bench_env(),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=timeout, cwd=RUNDIR)
+        return wine_runtime.wine_python(PY, args, check=False, timeout=timeout, cwd=RUNDIR,
+                                        env=bench_env(), echo=False)
     finally:
         stop_wineserver()
 

@@ -43,20 +43,25 @@ def windows_path(path: str) -> str:
 
 
 def wine_python(version: str, args, check: bool = True, timeout: float | None = None,
-                cwd: str | None = None) -> subprocess.CompletedProcess:
-    """Run the Windows Python with ``args``; its output is echoed as it comes
-    and kept in the result's ``stdout``.
+                cwd: str | None = None, env: dict[str, str] | None = None,
+                echo: bool = True) -> subprocess.CompletedProcess:
+    """Run the Windows Python with ``args``; its output is kept in the
+    result's ``stdout`` and, with ``echo``, written out as it comes.
 
     ``timeout`` (seconds) bounds the run: past it, every process of the
     prefix is ended and the result's return code is 124 (timeout(1)'s).
+    ``env`` replaces the version's own environment (wine_env), and names
+    the prefix.
     """
     exe = os.path.join(python_dir(version), "python.exe")
     cmd = [wine_binary(), exe, *args]
-    log(" ".join(cmd))
+    env = env if env is not None else wine_env(version)
+    if echo:
+        log(" ".join(cmd))
     # Windows Python under Wine needs a real stdin, and pipes for its output
     # (with a regular file as stdout it stops at start: "can't initialize
     # sys standard streams", WinError 6).
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=wine_env(version), cwd=cwd,
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     pipe = proc.stdout
@@ -65,8 +70,9 @@ def wine_python(version: str, args, check: bool = True, timeout: float | None = 
     def pump() -> None:
         for chunk in iter(lambda: pipe.read1(65536), b""):
             chunks.append(chunk)
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
+            if echo:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
 
     reader = threading.Thread(target=pump, name="wine-output", daemon=True)
     reader.start()
@@ -77,7 +83,7 @@ def wine_python(version: str, args, check: bool = True, timeout: float | None = 
             "ending every process of its Wine prefix")
         proc.kill()
         proc.wait()
-        stop_wineserver(version)
+        stop_wineserver(version, env)
         returncode = 124
     # The end of the output is not the end of the process: the wineserver
     # that the first Windows process of a prefix starts, and the services it
@@ -90,7 +96,7 @@ def wine_python(version: str, args, check: bool = True, timeout: float | None = 
     # leftovers if the pipe is still held.
     reader.join(timeout=15)
     if reader.is_alive():
-        stop_wineserver(version)
+        stop_wineserver(version, env)
         reader.join(timeout=30)
     if reader.is_alive():
         log("the Wine prefix's processes still hold the output pipe; its rest is lost")
