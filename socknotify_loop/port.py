@@ -21,7 +21,9 @@ import os
 import struct
 import sys
 import threading
+import time
 from typing import (
+    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -37,8 +39,12 @@ from typing import (
 from ._backends import backend_from_environment, parse_backend_name
 from ._core_import import ffi, lib
 
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    import socket
+
 __all__ = [
-    "Port", "Registration", "Change", "backend_info", "available_backends",
+    "Port", "Registration", "Change", "backend_info", "available_backends", "fileno_of",
+    "RawPort",
     "EVENT_IN", "EVENT_OUT", "EVENT_HANGUP", "EVENT_ERR", "EVENT_REMOVE", "EVENT_IO",
     "IO_COMPLETION_KEY",
     "OP_NONE", "OP_ENABLE", "OP_DISABLE", "OP_REMOVE",
@@ -151,8 +157,10 @@ def _os_error(code: int, what: str = "") -> OSError:
     return OSError(code, message)
 
 
-def _fileno(sock: Socket) -> int:
-    """A socket's descriptor, validated the way selectors validate one."""
+def fileno_of(sock: Socket) -> int:
+    """A socket's descriptor, validated the way selectors validate one
+    (``ValueError`` for an object without a valid ``fileno()``); the
+    selector validates what it is given with it."""
     if isinstance(sock, int):
         fd = sock
     else:
@@ -222,7 +230,7 @@ class Registration:
         return _os_error(self.result) if self.result else None
 
     def _validated(self) -> Change:
-        fd = _fileno(self.socket)
+        fd = fileno_of(self.socket)
         if not isinstance(self.key, int) or not 0 <= self.key <= _MAX_KEY:
             raise ValueError(f"Invalid key (an integer from 0 to 2**64-1): {self.key!r}")
         if not isinstance(self.events, int) or self.events & ~_FILTER_EVENTS:
@@ -627,3 +635,79 @@ def _pack(changes: Sequence[Change]) -> bytearray:
     except struct.error as exc:
         raise ValueError(f"invalid registration change: {exc}") from None
     return packed
+
+
+# -- the bare function, for the OS probe ---------------------------------------------------
+
+#: The returns of a bare call whose wait ended with no notification, besides
+#: 0: Win32's WAIT_TIMEOUT and ERROR_TIMEOUT.
+WAIT_TIMEOUT = 258
+ERROR_TIMEOUT = 1460
+
+#: One change of a bare call: ``(socket, key, events, op, trigger)``.
+RawChange = Tuple["socket.socket", int, int, int, int]
+
+
+class RawPort:
+    """A completion port driven by one backend's bare
+    ProcessSocketNotifications-shaped function (Windows only): no table,
+    no kernel keys of the port's, the caller's keys handed to the function
+    as they are (``sn_raw_*`` in the core). What ``python -m
+    socknotify_loop --probe-os`` (:mod:`socknotify_loop.probe`) asks the
+    OS's function, the strict model and the AFD polyfill through; a
+    :class:`Port` is what programs use. Elsewhere, opening one raises
+    OSError."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self._number = _BACKENDS[backend]
+        handle = ffi.new("uint64_t *")
+        err = lib.sn_raw_open(self._number, handle)
+        if err:
+            raise OSError(err, f"cannot open a {backend} port")
+        self._handle: Optional[int] = int(handle[0])
+
+    def call(self, regs: Sequence[RawChange] = (), timeout_ms: int = 0,
+             max_notifications: int = 16) -> Tuple[int, List[int], List[Tuple[int, int]]]:
+        """One call: ``(return code, registration results, notifications)``.
+        ``max_notifications`` 0 registers without waiting."""
+        if self._handle is None:
+            raise ValueError("port closed")
+        n = len(regs)
+        cregs = ffi.new("sn_registration_t[]", max(n, 1))
+        for i, (sock, key, events, op, trigger) in enumerate(regs):
+            cregs[i].socket = sock.fileno()
+            cregs[i].key = key
+            cregs[i].events = events
+            cregs[i].op = op
+            cregs[i].trigger = trigger
+        notes = ffi.new("sn_notification_t[]", max(max_notifications, 1))
+        received = ffi.new("uint32_t *")
+        rc = lib.sn_raw_process(self._number, self._handle, cregs if n else ffi.NULL, n,
+                                timeout_ms, notes, max_notifications, received)
+        return (rc, [int(cregs[i].result) for i in range(n)],
+                [(int(notes[i].key), int(notes[i].events)) for i in range(received[0])])
+
+    def collect(self, ms: int) -> List[Tuple[int, int]]:
+        """Every notification dequeued within ``ms`` milliseconds."""
+        got: List[Tuple[int, int]] = []
+        deadline = time.monotonic() + ms / 1000
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0:
+                return got
+            rc, _, notes = self.call(timeout_ms=left)
+            if rc not in (0, WAIT_TIMEOUT, ERROR_TIMEOUT):
+                raise OSError(rc, "ProcessSocketNotifications failed")
+            got.extend(notes)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            lib.sn_raw_close(self._number, self._handle)
+            self._handle = None
+
+    def __enter__(self) -> RawPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -17,7 +17,8 @@ on Windows 11 or Server 2022 settles them:
 - ENABLE without LEVEL or EDGE (refused?).
 
 Each question runs on a fresh completion port through the bare function
-(``sn_raw_*`` in the core: no table, no key translation), with sockets
+(:class:`~socknotify_loop.port.RawPort`, the port module's wrapper of
+``sn_raw_*`` in the core: no table, no key translation), with sockets
 from :func:`socket.socketpair`. Where the OS lacks the function the probe
 says so and prints the model's answers (and the AFD polyfill's, for
 contrast) only.
@@ -28,10 +29,10 @@ import platform
 import socket
 import sys
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, TextIO, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, TextIO, Tuple
 
-from .port import (  # type: ignore[attr-defined]
-    _BACKENDS,
+from .port import (
+    ERROR_TIMEOUT,
     EVENT_IN,
     EVENT_REMOVE,
     OP_DISABLE,
@@ -41,78 +42,15 @@ from .port import (  # type: ignore[attr-defined]
     TRIGGER_LEVEL,
     TRIGGER_ONESHOT,
     TRIGGER_PERSISTENT,
+    WAIT_TIMEOUT,
+    RawPort,
     available_backends,
-    ffi,
-    lib,
 )
 
 __all__ = ["RawPort", "Question", "QUESTIONS", "ask", "probe", "main"]
 
 ONESHOT = TRIGGER_LEVEL | TRIGGER_ONESHOT
 PERSISTENT = TRIGGER_LEVEL | TRIGGER_PERSISTENT
-WAIT_TIMEOUT = 258
-ERROR_TIMEOUT = 1460
-
-Reg = Tuple[socket.socket, int, int, int, int]   # sock, key, events, op, trigger
-
-
-class RawPort:
-    """A completion port driven by one backend's bare
-    ProcessSocketNotifications-shaped function (Windows only)."""
-
-    def __init__(self, backend: str) -> None:
-        self.backend = backend
-        self._number = _BACKENDS[backend]
-        handle = ffi.new("uint64_t *")
-        err = lib.sn_raw_open(self._number, handle)
-        if err:
-            raise OSError(err, f"cannot open a {backend} port")
-        self._handle: Optional[int] = int(handle[0])
-
-    def call(self, regs: Sequence[Reg] = (), timeout_ms: int = 0,
-             max_notifications: int = 16) -> Tuple[int, List[int], List[Tuple[int, int]]]:
-        """One call: ``(return code, registration results, notifications)``.
-        ``max_notifications`` 0 registers without waiting."""
-        if self._handle is None:
-            raise ValueError("port closed")
-        n = len(regs)
-        cregs = ffi.new("sn_registration_t[]", max(n, 1))
-        for i, (sock, key, events, op, trigger) in enumerate(regs):
-            cregs[i].socket = sock.fileno()
-            cregs[i].key = key
-            cregs[i].events = events
-            cregs[i].op = op
-            cregs[i].trigger = trigger
-        notes = ffi.new("sn_notification_t[]", max(max_notifications, 1))
-        received = ffi.new("uint32_t *")
-        rc = lib.sn_raw_process(self._number, self._handle, cregs if n else ffi.NULL, n,
-                                timeout_ms, notes, max_notifications, received)
-        return (rc, [int(cregs[i].result) for i in range(n)],
-                [(int(notes[i].key), int(notes[i].events)) for i in range(received[0])])
-
-    def collect(self, ms: int) -> List[Tuple[int, int]]:
-        """Every notification dequeued within ``ms`` milliseconds."""
-        got: List[Tuple[int, int]] = []
-        deadline = time.monotonic() + ms / 1000
-        while True:
-            left = int((deadline - time.monotonic()) * 1000)
-            if left <= 0:
-                return got
-            rc, _, notes = self.call(timeout_ms=left)
-            if rc not in (0, WAIT_TIMEOUT, ERROR_TIMEOUT):
-                raise OSError(rc, "ProcessSocketNotifications failed")
-            got.extend(notes)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            lib.sn_raw_close(self._number, self._handle)
-            self._handle = None
-
-    def __enter__(self) -> RawPort:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _pair() -> Tuple[socket.socket, socket.socket]:

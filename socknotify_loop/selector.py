@@ -75,9 +75,9 @@ from .port import (
     TRIGGER_ONESHOT,
     Change,
     Port,
+    fileno_of,
     wait_ms,
 )
-from .port import _fileno as _fileobj_to_fd  # validated as selectors do
 
 __all__ = ["WAKEUP_KEY", "FastPath", "IOCompletionHandler", "NotifySelector"]
 
@@ -322,7 +322,7 @@ class NotifySelector(selectors.BaseSelector):
         fails or is -1), the descriptor it was registered with, so it can
         still be unregistered."""
         try:
-            return _fileobj_to_fd(fileobj)
+            return fileno_of(fileobj)   # validated as selectors do
         except ValueError:
             # A copy: other threads may be changing the dict.
             for record in list(self._records.values()):

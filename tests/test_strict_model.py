@@ -39,6 +39,7 @@ from socknotify_loop.port import (
     TRIGGER_PERSISTENT,
     Port,
     Registration,
+    available_backends,
     lib,
 )
 from socknotify_loop.selector import EVENT_READ, NotifySelector
@@ -154,7 +155,7 @@ def test_probe_os_command_under_wine_runs_the_model():
     assert "the strict model assumes" in text
     for question in probe.QUESTIONS:
         assert question.name in text
-    if not lib.sn_backend_available(lib.SN_BACKEND_PSN, probe.ffi.NULL, 0):
+    if not available_backends()["psn"][0]:
         assert "the OS did" not in text
 
 
