@@ -443,7 +443,7 @@ def _backend_problem() -> str | None:
 
 def _describe() -> tuple[list[str], bool]:
     """``--info``'s lines, and whether a loop can be made here."""
-    from . import __version__
+    from ._version import __version__
 
     lines = [f"socknotify_loop {__version__}"]
     available: dict[str, Any] = {}
@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
         from .probe import main as probe_main
         return probe_main(out)
     if first == "--version":
-        from . import __version__
+        from ._version import __version__
         out.write(f"socknotify_loop {__version__}\n")
         return 0
     if first == "-m":
