@@ -224,3 +224,28 @@ def test_requirement_files_match_the_test_extra():
                _requirement_lines(os.path.join(ROOT, "tests", "requirements-windows.txt"))]
     assert normal(windows) == normal(applying), \
         "tests/requirements-windows.txt differs from pyproject.toml's [test] extra on Windows"
+
+
+def test_tests_readme_names_every_test_file():
+    """tests/README.md's table says where each kind of test goes: every
+    test file (tests/test_*.py, tests/c/test_*.c, the conformance modules)
+    is named there, by its path under tests/ or by a pattern such as
+    `conformance/test_cpython_*.py`, so a new test module cannot go
+    unlisted."""
+    import fnmatch
+    import glob
+    import re
+
+    tests = os.path.join(ROOT, "tests")
+    readme = os.path.join(tests, "README.md")
+    if not os.path.exists(readme):
+        pytest.skip("tests/README.md is not shipped here")
+    with open(readme, encoding="utf-8") as f:
+        named = set(re.findall(r"`([^`\s]+)`", f.read()))
+    files = sorted(os.path.relpath(path, tests).replace(os.sep, "/")
+                   for pattern in ("test_*.py", "c/test_*.c", "conformance/test_*.py")
+                   for path in glob.glob(os.path.join(tests, pattern)))
+    assert files
+    unnamed = [path for path in files
+               if not any(fnmatch.fnmatchcase(path, name) for name in named)]
+    assert not unnamed, f"tests/README.md does not name {unnamed}"
