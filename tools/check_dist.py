@@ -3,7 +3,7 @@
 
 1. build the sdist of this tree (`python -m build --sdist`), check that it
    holds every file its documents (README, CHANGELOG, docs/, tests/README.md,
-   benchmarks/README.md) name, and `twine check` it;
+   benchmarks/README.md, tox.ini) name, and `twine check` it;
 2. in a fresh virtual environment, build a wheel from the unpacked sdist
    alone, and check the wheel: its tag (cp39-abi3 on CPython), the compiled
    core, py.typed, the license, the version, the metadata pip shows
@@ -76,7 +76,10 @@ def check_sdist(sdist: str) -> None:
                 "socknotify_loop/_core/socknotify.h", "socknotify_loop/_version.py",
                 "tests/conftest.py", "tests/_platform.py", "tests/_sockets.py",
                 "tests/_testbase.py", "tests/_builder.py", "tests/servers.py",
-                "examples/asyncio_echo.py"]
+                "examples/asyncio_echo.py",
+                # tox loads toxfile.py beside tox.ini: the runner its
+                # py314/py315 envs name (`runner = host-python`).
+                "tox.ini", "toxfile.py"]
     missing = [name for name in required if name not in names]
     if missing:
         fail(f"the sdist lacks {missing}")
@@ -88,16 +91,29 @@ def check_sdist(sdist: str) -> None:
 # A repository path named in a document: top-level folder or file first.
 PATH_IN_TEXT = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w*.-]+\.[A-Za-z]{1,5})(?![\w/])")
 DOCUMENTS = ("README.md", "CHANGELOG.md", "docs/*.md", "tests/README.md",
-             "benchmarks/README.md")
+             "benchmarks/README.md", "tox.ini")
+
+
+def project_top_level() -> set:
+    """The top-level entries git tracks in this tree (none outside a git
+    checkout): a top-level file the sdist lacks is still a path of the
+    project, so a document naming it fails the check."""
+    try:
+        listed = subprocess.run(["git", "-C", ROOT, "ls-files", "-z"], capture_output=True,
+                                text=True, check=True, timeout=TIMEOUT).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {path.split("/", 1)[0] for path in listed.split("\0") if path}
 
 
 def check_documents_refer_to_present_files(tree: str, names: set) -> None:
     """Every path a shipped document names (`tools/test_all.py`,
-    `docs/launcher.md`, `benchmarks/results/*.json`, `tox.ini`) is in the
-    sdist; a name that is not a path of the project (a module, a URL, a
-    Windows DLL) does not start with one of its top-level entries and is
-    not checked."""
-    top = {name.split("/", 1)[0] for name in names}
+    `docs/launcher.md`, `benchmarks/results/*.json`, tox.ini's
+    `toxfile.py`) is in the sdist; a name that is not a path of the
+    project (a module, a URL, a Windows DLL) does not start with one of its
+    top-level entries (in the sdist or tracked by git) and is not
+    checked."""
+    top = {name.split("/", 1)[0] for name in names} | project_top_level()
     documents = [n for n in names if any(fnmatch.fnmatch(n, pattern) for pattern in DOCUMENTS)]
     missing = set()
     for document in documents:
