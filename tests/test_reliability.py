@@ -21,9 +21,11 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import select
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,6 +139,99 @@ def test_sock_recv_then_close_leaves_no_orphan(keeper, sockets):
             loop.run_until_complete(serve_once())
             assert_idle(loop._selector.port,
                         lambda: loop.run_until_complete(asyncio.sleep(1.0)))
+    finally:
+        loop.close()
+        for s, peer in pairs:
+            s.close()
+            peer.close()
+
+
+@contextlib.contextmanager
+def forked_child(timeout=20.0):
+    """A child made by os.fork() that holds copies of every descriptor of
+    this process (the loop's epoll instance and its sockets included)
+    until the block ends. It only waits: it never returns into the
+    caller's code (pytest's or a loop's), and it ends with os._exit() when
+    its pipe closes, or after ``timeout`` seconds at the latest."""
+    release, held = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(held)
+            ready, _, _ = select.select([release], [], [], timeout)
+            os._exit(0 if ready else 3)
+        finally:
+            os._exit(4)
+    os.close(release)
+    try:
+        yield pid
+    finally:
+        os.close(held)
+        deadline = time.monotonic() + 10
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError("the forked child did not end when released")
+            time.sleep(0.01)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, \
+        f"the forked child ended with status {status:#x} (3: its {timeout} s ran out)"
+
+
+def epoll_watched_files(epfd):
+    """The inode numbers of the files epoll instance ``epfd`` has items
+    for: one ``tfd:`` line per item in /proc/self/fdinfo, which lists an
+    orphan too (its file is open elsewhere; its number may be free)."""
+    try:
+        with open(f"/proc/self/fdinfo/{epfd}", encoding="ascii") as f:
+            text = f.read()
+    except FileNotFoundError:
+        pytest.skip("no /proc/self/fdinfo: the kernel's epoll items cannot be listed")
+    return {int(ino, 16) for ino in re.findall(r"^tfd:.*\bino:([0-9a-f]+)", text, re.M)}
+
+
+@epoll_only
+@pytest.mark.timeout(30)
+def test_sock_recv_then_close_with_a_forked_child_leaves_no_orphan():
+    """The orphan as a program makes it: two sockets wait in sock_recv on
+    the loop, the process forks (the child holds copies of everything),
+    and each ``data = await loop.sock_recv(s, n); s.close()`` closes its
+    socket the moment it returns. sock_recv's done callback removes the
+    reader just before that close, and the removal must leave the kernel
+    then: a removal put off to the next select would meet a closed
+    descriptor and leave the item behind, alive while the child lives. So
+    the epoll instance holds no item for either socket after the closes,
+    and when the peers write again an idle second stays idle. (A one-shot
+    orphan fires once and stays disarmed, which the idle second alone
+    would not notice: the kernel's item list is what shows it.)"""
+    loop = Loop(NotifySelector("epoll"))
+    port = loop._selector.port
+    pairs = [pair() for _ in range(2)]
+    inodes = {os.fstat(s.fileno()).st_ino for s, _ in pairs}
+
+    async def recv_then_close(s):
+        data = await loop.sock_recv(s, 10)
+        s.close()
+        return data
+
+    try:
+        tasks = [loop.create_task(recv_then_close(s)) for s, _ in pairs]
+        loop.run_until_complete(asyncio.sleep(0.05))    # both readers in the kernel
+        assert not any(task.done() for task in tasks)
+        assert inodes <= epoll_watched_files(port.os_handle)
+        with forked_child():
+            for _, peer in pairs:
+                peer.send(b"x")
+            assert loop.run_until_complete(asyncio.gather(*tasks)) == [b"x", b"x"]
+            assert all(s.fileno() == -1 for s, _ in pairs)
+            orphans = inodes & epoll_watched_files(port.os_handle)
+            assert not orphans, f"{len(orphans)} epoll item(s) outlived their socket's close"
+            for _, peer in pairs:
+                peer.send(b"ready for nobody")
+            assert_idle(port, lambda: loop.run_until_complete(asyncio.sleep(1.0)))
     finally:
         loop.close()
         for s, peer in pairs:
