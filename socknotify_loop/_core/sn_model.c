@@ -67,6 +67,11 @@
  * knows a port by (the backend's os_handle), so it needs nothing of the
  * port code's own structures (sn_iocp.c).
  *
+ * Waiting again. A wait whose every entry the model filtered out (edges
+ * already high) is waited again for the time left, counted with the
+ * core's one deadline arithmetic (sn_deadline, sn_time_left: sn_platform.h),
+ * on the same clock as the port's retry and the polyfill's.
+ *
  * What the model cannot know is what Windows really does where the text
  * is silent; `python -m socknotify_loop --probe-os` asks the OS on a
  * machine that has the function and prints its answers beside these.
@@ -488,7 +493,7 @@ DWORD WINAPI sn_model_process_socket_notifications(
     OVERLAPPED_ENTRY *completionPortEntries,
     UINT32 *receivedEntryCount) {
     model_port_t *mp;
-    ULONGLONG deadline = 0;
+    int64_t deadline = 0;
     DWORD rc;
     UINT32 i;
 
@@ -525,7 +530,7 @@ DWORD WINAPI sn_model_process_socket_notifications(
         return ERROR_SUCCESS;
 
     if (timeoutMs != INFINITE)
-        deadline = GetTickCount64() + timeoutMs;
+        deadline = sn_deadline(timeoutMs);
     for (;;) {
         UINT32 got = 0;
         ULONG n;
@@ -545,10 +550,10 @@ DWORD WINAPI sn_model_process_socket_notifications(
         if (timeoutMs == 0)
             return WAIT_TIMEOUT;
         if (timeoutMs != INFINITE) {
-            ULONGLONG now = GetTickCount64();
-            if (now >= deadline)
+            int64_t left = sn_time_left(deadline);
+            if (left == 0)
                 return WAIT_TIMEOUT;
-            timeoutMs = (UINT32)(deadline - now);
+            timeoutMs = (UINT32)left;
         }
     }
 }
