@@ -24,14 +24,16 @@ HEADER = os.path.join(CORE, "socknotify.h")
 # One C file per concern (docs/design.md has the map); each backend file
 # compiles to nothing on the operating systems it does not serve (#ifdef
 # guards inside). The port is sn_port.c (its life cycle) and the files it
-# is split into; the AFD polyfill is sn_afd.c (its entry point) and the
-# sn_afd_*.c it is split into.
+# is split into; the completion-port backends are sn_iocp.c (the port and
+# its ops tables) and the sn_iocp_*.c it is split into; the AFD polyfill is
+# sn_afd.c (its entry point) and the sn_afd_*.c it is split into.
 PORT_SOURCES = [
     "sn_port.c", "sn_backends.c", "sn_table.c", "sn_hash.c", "sn_translate.c",
     "sn_rearm.c", "sn_run.c", "sn_select.c",
 ]
 SOURCES = PORT_SOURCES + [
-    "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c", "sn_iocp.c", "sn_iocp_fn.c",
+    "sn_platform_posix.c", "sn_platform_win.c", "sn_epoll.c",
+    "sn_iocp.c", "sn_iocp_fn.c", "sn_iocp_buf.c", "sn_iocp_fallback.c",
     "sn_afd.c", "sn_afd_sock.c", "sn_afd_port.c", "sn_afd_group.c",
     "sn_afd_ws.c", "sn_afd_nt.c", "sn_model.c",
 ]

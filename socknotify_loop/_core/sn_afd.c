@@ -76,7 +76,8 @@
  *     spurious timeout. (That loop is part of standing in for the OS
  *     function, which never returns for packets of its own; the port's
  *     retry for packets it drops itself is sn_run.c's, and both count
- *     the time left with sn_deadline and sn_time_left, sn_platform.h.)
+ *     the time left with sn_deadline and sn_time_left, sn_platform.h, as
+ *     the drain at close (sn_afd_port.c) and the strict model do.)
  *   - Several threads may call in at once on one port, as with PSN. A lock
  *     per port guards the state; it is never held across the wait. Polls
  *     are (re)submitted by whichever thread next enters the function, just

@@ -2,7 +2,7 @@
  * sn_afd.h -- the AFD polyfill as the rest of the core sees it: the
  * ProcessSocketNotifications-shaped entry point and the calls a port makes
  * about the polyfill's state for it, all defined in sn_afd.c. The port
- * code (sn_iocp.c), the strict model (sn_model.c) and the C tests include
+ * code (sn_iocp*.c), the strict model (sn_model.c) and the C tests include
  * this header and nothing else of the polyfill; the polyfill's own
  * headers (sn_afd_port.h, sn_afd_sock.h, ...) stay inside sn_afd*.c.
  * cffi never sees this file.

@@ -72,20 +72,21 @@ static afd_port_t *afd__port_take(HANDLE iocp) {
     return ap;
 }
 
-/* Dequeue until every poll of ours has come back or `ms` have passed.
-   Everything else dequeued is dropped: the port is closing. */
+/* Dequeue until every poll of ours has come back or `ms` have passed,
+   waiting again for the time left (sn_deadline, sn_time_left: the core's
+   one deadline arithmetic, sn_platform.h). Everything else dequeued is
+   dropped: the port is closing. */
 static void afd__drain(afd_port_t *ap, DWORD ms) {
-    ULONGLONG deadline = GetTickCount64() + ms;
+    int64_t deadline = sn_deadline(ms);
     OVERLAPPED_ENTRY entries[64];
 
     while (ap->socks.polls_in_flight > 0) {
-        ULONGLONG now = GetTickCount64();
+        int64_t left = sn_time_left(deadline);
         ULONG got = 0, i;
-        if (now >= deadline)
+        if (left == 0)
             return;
         AFD_COUNT(&ap->socks, SN_COUNT_AFD_DEQUEUES);
-        if (!GetQueuedCompletionStatusEx(ap->iocp, entries, 64, &got,
-                                         (DWORD)(deadline - now), FALSE))
+        if (!GetQueuedCompletionStatusEx(ap->iocp, entries, 64, &got, (DWORD)left, FALSE))
             return;
         for (i = 0; i < got; i++) {
             OVERLAPPED_ENTRY scratch;

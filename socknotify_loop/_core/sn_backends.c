@@ -99,7 +99,8 @@ int sn_error_busy(void) { return SN_ERROR_BUSY; }
 int sn_error_interrupted(void) { return SN_ERROR_INTERRUPTED; }
 
 #ifndef _WIN32
-/* Windows only: the strict model and the bare functions (sn_iocp.c). */
+/* Windows only: the strict model's controls (sn_model.c) and the bare
+   functions (sn_iocp_fn.c). */
 int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value) {
     (void)port; (void)what; (void)socket; (void)value;
     return -(int64_t)SN_ERROR_NOT_SUPPORTED;

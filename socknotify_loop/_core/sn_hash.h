@@ -3,7 +3,8 @@
  * (sn_hash.c): the port's socket index (socket -> record number + 1,
  * sn_table.c), the AFD polyfill's table (socket -> its afd_sock_t,
  * sn_afd_sock.c), the set of sockets the PSN backend handed to the
- * polyfill (sn_iocp.c) and the strict model's registrations (sn_model.c)
+ * polyfill (sn_iocp_fallback.c) and the strict model's registrations
+ * (sn_model.c)
  * are all this table. cffi never sees this file.
  *
  * Open addressing with linear probing, kept at most half full (entries and

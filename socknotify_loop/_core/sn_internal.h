@@ -35,9 +35,12 @@
  *                   timeout conversion (sn__wait_ms)
  *   sn_select.c     the selector's fast path (bind, select)
  *   sn_call.h       the memo and the sink a call's files share
- * The backends: sn_epoll.c (Linux), sn_iocp.c (psn, afd, strict on
- * Windows), the polyfill behind sn_afd.h (sn_afd*.c), the strict model
- * (sn_model.c); sn_platform*.c the few OS services the port needs.
+ * The backends: sn_epoll.c (Linux); on Windows sn_iocp.c (the port on a
+ * completion port, for psn, afd and strict) with sn_iocp_fn.c (which
+ * function processes it), sn_iocp_buf.c (the buffers it keeps) and
+ * sn_iocp_fallback.c (the refused sockets the polyfill serves), the
+ * polyfill behind sn_afd.h (sn_afd*.c), the strict model (sn_model.c);
+ * sn_platform*.c the few OS services the port needs.
  */
 #ifndef SN_INTERNAL_H
 #define SN_INTERNAL_H

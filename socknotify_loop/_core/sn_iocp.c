@@ -38,7 +38,7 @@
  *     port layer refuses bad arguments before the call; a batch that
  *     registers a new socket is applied in a call of its own before the
  *     wait, and a socket the OS refuses while it is still open is served
- *     by the polyfill on the same port (see "Refusals" below). What
+ *     by the polyfill on the same port (sn_iocp_fallback.c). What
  *     remains is a socket closed between register() and the next select;
  *     its failure is reported when the call returns. (The polyfill, which
  *     applies before it waits, turns its wait into a poll when a
@@ -69,8 +69,14 @@
  * port layer never issues kernel key 0 (generations start at 1), so key 0
  * means the same thing. Any other reserved key is dropped.
  *
- * Which function processes a port -- the OS's, the polyfill's or the strict
- * model's -- and the bare calls of each without a port are sn_iocp_fn.c's.
+ * The port's other pieces, one file each: which function processes a port
+ * -- the OS's, the polyfill's or the strict model's -- and the bare calls
+ * of each without a port (sn_iocp_fn.c); the buffers a port keeps for the
+ * batches that do not fit on the stack (sn_iocp_buf.c); the sockets the
+ * port's own function refused, which the polyfill serves on the same port
+ * (sn_iocp_fallback.c). The strict model's controls (sn_model_control)
+ * are the model's (sn_model.c). This file is the port and its operations
+ * table: open, the one call, post, wake, close.
  *
  * Sources read: Microsoft's article "Winsock socket state notifications"
  * and its C samples, the learn.microsoft.com pages for
@@ -83,6 +89,8 @@
 #include "sn_win.h"
 #include "sn_afd.h"
 #include "sn_iocp_fn.h"
+#include "sn_iocp_buf.h"
+#include "sn_iocp_fallback.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -117,157 +125,23 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
                SN_TRIGGER_EDGE == SOCK_NOTIFY_TRIGGER_EDGE, "trigger values");
 
 /* Batches this small translate on the stack; larger ones use one of the
-   port's buffers (below). */
+   port's buffers (sn_iocp_buf.c). */
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
 
 /* ----------------------------------------------------------------- the port */
-
-/* Room for one call's kernel registrations and dequeued entries when they
-   do not fit on the stack. A selector asks for hundreds of entries on
-   every select (its whole output buffer): allocating and freeing that for
-   each call cost about 10 KB of heap traffic per wait. So the port keeps
-   the buffers it has made, on a list: a call takes one, grows it if it is
-   too small, and gives it back. Several threads may wait on one port at
-   once, each with a buffer of its own, so the list holds as many buffers
-   as there were calls at once, each grown to the largest batch it served;
-   a single-threaded loop allocates once and never again. */
-typedef struct iocp_buffer {
-    struct iocp_buffer *next;
-    SOCK_NOTIFY_REGISTRATION *regs;
-    OVERLAPPED_ENTRY *entries;
-    uint8_t *routed;            /* beside regs: applied by the polyfill already */
-    uint32_t regs_cap;
-    uint32_t entries_cap;
-} iocp_buffer_t;
 
 typedef struct iocp_port {
     HANDLE iocp;
     sn_process_socket_notifications_fn process;  /* the OS's, the polyfill, or the model */
     int polyfill;                                  /* 1 when process is sn_afd's */
     int model;                                     /* 1 when process is sn_model's */
-    SRWLOCK fallback_lock;                         /* guards fallbacks */
     /* Sockets the port's own function refused and the polyfill serves
-       instead (see "Refusals" below): socket -> 1 (sn_hash.h). */
-    sn_hash_t fallbacks;
-    volatile long fallback_used;                   /* the polyfill ever served a socket here */
-    SRWLOCK buffers_lock;                          /* guards `buffers` */
-    iocp_buffer_t *buffers;                        /* idle buffers, a stack */
+       instead (sn_iocp_fallback.c). */
+    iocp_fallbacks_t fallbacks;
+    /* Room for the batches that do not fit on the stack (sn_iocp_buf.c). */
+    iocp_buffers_t buffers;
 } iocp_port_t;
-
-static void iocp__buffer_give(iocp_port_t *ip, iocp_buffer_t *buf) {
-    AcquireSRWLockExclusive(&ip->buffers_lock);
-    buf->next = ip->buffers;
-    ip->buffers = buf;
-    ReleaseSRWLockExclusive(&ip->buffers_lock);
-}
-
-/* A buffer with room for `regs` registrations and `entries` entries, or
-   NULL when memory ran out (the call then fails with
-   SN_ERROR_NO_MEMORY, and the port stays as it was). */
-static iocp_buffer_t *iocp__buffer_take(iocp_port_t *ip, uint32_t regs, uint32_t entries) {
-    iocp_buffer_t *buf;
-
-    AcquireSRWLockExclusive(&ip->buffers_lock);
-    buf = ip->buffers;
-    if (buf != NULL)
-        ip->buffers = buf->next;
-    ReleaseSRWLockExclusive(&ip->buffers_lock);
-    if (buf == NULL) {
-        buf = calloc(1, sizeof *buf);
-        if (buf == NULL)
-            return NULL;
-    }
-    buf->next = NULL;
-    if (regs > buf->regs_cap) {
-        SOCK_NOTIFY_REGISTRATION *fresh = malloc((size_t)regs * sizeof *fresh);
-        uint8_t *routed = malloc(regs);
-        if (fresh == NULL || routed == NULL) {
-            free(fresh);
-            free(routed);
-            goto fail;
-        }
-        free(buf->regs);
-        free(buf->routed);
-        buf->regs = fresh;
-        buf->routed = routed;
-        buf->regs_cap = regs;
-    }
-    if (entries > buf->entries_cap) {
-        OVERLAPPED_ENTRY *fresh = malloc((size_t)entries * sizeof *fresh);
-        if (fresh == NULL)
-            goto fail;
-        free(buf->entries);
-        buf->entries = fresh;
-        buf->entries_cap = entries;
-    }
-    return buf;
-
-fail:
-    iocp__buffer_give(ip, buf);   /* what it has stays useful */
-    return NULL;
-}
-
-/* ------------------------------------------------------------- refusals */
-
-/* Refusals. The OS's function refuses what the polyfill accepts: sockets
-   of a layered or non-IFS provider, a socket associated with another
-   completion port (one a proactor loop used, or one left tied to a port
-   closed without REMOVEs), transient errors. Such a socket must neither
-   stay deaf nor block a wait. So a batch that brings a socket's FIRST
-   ENABLE (the only kind a provider refuses: a re-enable of a registration
-   the OS holds is a modify) is applied in a call of its own that does not
-   wait, before the call that waits; and an ENABLE refused for a handle
-   that is still an open socket is given to the polyfill on the same port,
-   which polls the base socket through its own helper handles and needs no
-   association with the port. From then on every change of that socket
-   goes to the polyfill; the polyfill's packets, dequeued by the OS's
-   wait, are translated by it (sn_afd_translate). Costs nothing until the
-   first refusal (one flag read per call), and one extra call per batch
-   that registers a new socket. */
-
-static int iocp__fb_has(iocp_port_t *ip, SOCKET s) {
-    int has;
-    if (!sn_atomic_load(&ip->fallback_used))
-        return 0;
-    AcquireSRWLockShared(&ip->fallback_lock);
-    has = sn_hash_get(&ip->fallbacks, (uint64_t)s) != SN_HASH_EMPTY;
-    ReleaseSRWLockShared(&ip->fallback_lock);
-    return has;
-}
-
-static int iocp__fb_add(iocp_port_t *ip, SOCKET s) {
-    int err;
-    AcquireSRWLockExclusive(&ip->fallback_lock);
-    if ((err = sn_hash_reserve(&ip->fallbacks)) == 0) {
-        sn_hash_put(&ip->fallbacks, (uint64_t)s, 1);
-        sn_atomic_store(&ip->fallback_used, 1);
-    }
-    ReleaseSRWLockExclusive(&ip->fallback_lock);
-    return err;
-}
-
-/* Forget `s` (its REMOVE went to the polyfill). */
-static void iocp__fb_remove(iocp_port_t *ip, SOCKET s) {
-    AcquireSRWLockExclusive(&ip->fallback_lock);
-    sn_hash_del(&ip->fallbacks, (uint64_t)s, 1);
-    ReleaseSRWLockExclusive(&ip->fallback_lock);
-}
-
-/* One registration, applied by the polyfill now (register-only). */
-static DWORD iocp__afd_apply(iocp_port_t *ip, SOCK_NOTIFY_REGISTRATION *kreg) {
-    DWORD rc = sn_afd_process_socket_notifications(ip->iocp, 1, kreg, 0, 0, NULL, NULL);
-    return rc != ERROR_SUCCESS ? rc : kreg->registrationResult;
-}
-
-/* A refusal the polyfill can make good: the ENABLE failed although the
-   handle is an open socket (a closed one is refused by the polyfill too,
-   and its owner must hear of it). */
-static int iocp__worth_fallback(const SOCK_NOTIFY_REGISTRATION *kreg) {
-    int type = 0, len = sizeof type;
-    return kreg->operation == SOCK_NOTIFY_OP_ENABLE && kreg->registrationResult != 0 &&
-           getsockopt(kreg->socket, SOL_SOCKET, SO_TYPE, (char *)&type, &len) == 0;
-}
 
 static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn process,
                       int polyfill) {
@@ -284,9 +158,8 @@ static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn proces
     ip->process = process;
     ip->polyfill = polyfill;
     ip->model = process == sn_model_process_socket_notifications;
-    InitializeSRWLock(&ip->fallback_lock);
-    InitializeSRWLock(&ip->buffers_lock);
-    ip->buffers = NULL;
+    sn_iocp_fallback_init(&ip->fallbacks);
+    sn_iocp_buf_init(&ip->buffers);
     port->impl = ip;
     return 0;
 
@@ -352,7 +225,7 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
 }
 
 /* The OS function's verdicts back into the caller's records, refusals
-   the polyfill can make good handed to it (see "Refusals"). `routed`
+   the polyfill can make good handed to it (sn_iocp_fallback.c). `routed`
    marks the registrations the polyfill applied already. Returns 1 if a
    caller ENABLE is still refused. */
 static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
@@ -363,14 +236,8 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
     for (i = 0; i < count; i++) {
         if (routed[i])
             continue;
-        if (!ip->polyfill && iocp__worth_fallback(&kregs[i])) {
-            SOCK_NOTIFY_REGISTRATION again = kregs[i];
-            again.registrationResult = 0;
-            if (iocp__afd_apply(ip, &again) == 0 && iocp__fb_add(ip, again.socket) == 0) {
-                SN_COUNT(port, SN_COUNT_FALLBACKS);
-                kregs[i].registrationResult = 0;
-            }
-        }
+        if (!ip->polyfill && sn_iocp_fallback_take(&ip->fallbacks, ip->iocp, &kregs[i]))
+            SN_COUNT(port, SN_COUNT_FALLBACKS);
         regs[i].result = (uint32_t)kregs[i].registrationResult;
         if (regs[i].result != 0 && regs[i].op == SN_OP_ENABLE &&
             !(regs[i].trigger & SN_TRIGGER_REARM))
@@ -395,15 +262,15 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     uint8_t *routed = stack_routed;
     iocp_buffer_t *buf = NULL;
     UINT32 got = 0, j;
-    DWORD rc;
+    DWORD rc, result;
     uint32_t i;
     int err = 0, first_enable = 0;
 
     *received = 0;
     *dropped = 0;
     if (count > IOCP_STACK_REGS || max_events > IOCP_STACK_ENTRIES) {
-        buf = iocp__buffer_take(ip, count > IOCP_STACK_REGS ? count : 0,
-                                max_events > IOCP_STACK_ENTRIES ? max_events : 0);
+        buf = sn_iocp_buf_take(&ip->buffers, count > IOCP_STACK_REGS ? count : 0,
+                               max_events > IOCP_STACK_ENTRIES ? max_events : 0);
         if (buf == NULL)
             return SN_ERROR_NO_MEMORY;
         if (count > IOCP_STACK_REGS) {
@@ -424,12 +291,9 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         routed[i] = 0;
         if (ip->polyfill || regs[i].op == SN_OP_NONE)
             continue;
-        if (iocp__fb_has(ip, kregs[i].socket)) {
-            /* A socket the polyfill serves: every change goes there. */
-            regs[i].result = (uint32_t)iocp__afd_apply(ip, &kregs[i]);
-            if (regs[i].op == SN_OP_REMOVE)
-                iocp__fb_remove(ip, kregs[i].socket);
-            kregs[i].operation = SOCK_NOTIFY_OP_NONE;
+        if (sn_iocp_fallback_route(&ip->fallbacks, ip->iocp, &kregs[i], &result)) {
+            /* A socket the polyfill serves: every change went there. */
+            regs[i].result = (uint32_t)result;
             routed[i] = 1;
         } else if (regs[i].op == SN_OP_ENABLE && !(regs[i].trigger & SN_TRIGGER_MODIFY_ONLY)) {
             first_enable = 1;
@@ -479,9 +343,10 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         err = (int)rc;
         goto out;
     }
-    if (!ip->polyfill && !ip->model && sn_atomic_load(&ip->fallback_used)) {
+    if (!ip->polyfill && !ip->model) {
         /* The polyfill's packets came out of the OS's wait: its own. */
-        UINT32 left = (UINT32)sn_afd_translate(ip->iocp, entries, got);
+        UINT32 left = (UINT32)sn_iocp_fallback_translate(&ip->fallbacks, ip->iocp,
+                                                         entries, got);
         *dropped += got - left;
         got = left;
     }
@@ -493,7 +358,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     }
 out:
     if (buf != NULL)
-        iocp__buffer_give(ip, buf);
+        sn_iocp_buf_give(&ip->buffers, buf);
     return err;
 }
 
@@ -528,20 +393,13 @@ static void iocp__close(sn_port_t *port, int inherited) {
        Only then may the port go. PSN registrations end with the port. */
     if (ip->model)
         sn_model_port_closed(ip->iocp);
-    if (ip->polyfill || ip->model || sn_atomic_load(&ip->fallback_used))
+    if (ip->polyfill || ip->model || sn_iocp_fallback_used(&ip->fallbacks))
         sn_afd_port_closed(ip->iocp);
     CloseHandle(ip->iocp);
     /* No thread is inside process() any more (sn_port_close waited for
-       them), so every buffer is back on the list. */
-    while (ip->buffers != NULL) {
-        iocp_buffer_t *buf = ip->buffers;
-        ip->buffers = buf->next;
-        free(buf->regs);
-        free(buf->routed);
-        free(buf->entries);
-        free(buf);
-    }
-    sn_hash_free(&ip->fallbacks);
+       them), so every buffer is back in the pool. */
+    sn_iocp_buf_free_all(&ip->buffers);
+    sn_iocp_fallback_free(&ip->fallbacks);
     free(ip);
     port->impl = NULL;
 }
@@ -617,18 +475,5 @@ const sn_backend_ops_t sn_afd_ops = {
     .check = iocp__check,
     .add_counters = iocp__add_afd_counters,
 };
-
-/* ------------------------------------------------- the model's controls */
-
-int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value) {
-    int64_t answer;
-    if (port->ops != &sn_strict_ops)
-        return -(int64_t)SN_ERROR_NOT_SUPPORTED;
-    if ((answer = sn_port_enter(port)) != 0)
-        return -answer;
-    answer = sn_model_control_port(((iocp_port_t *)port->impl)->iocp, what, socket, value);
-    sn_port_leave(port);
-    return answer;
-}
 
 #endif /* _WIN32 */

@@ -1,7 +1,7 @@
 /*
  * sn_iocp_fn.h -- which ProcessSocketNotifications-shaped function serves
- * a backend (sn_iocp_fn.c), for the port code in sn_iocp.c. cffi never
- * sees this file.
+ * a backend (sn_iocp_fn.c), for the port code in sn_iocp.c. Internal to
+ * the port code; cffi never sees this file.
  */
 #ifndef SN_IOCP_FN_H
 #define SN_IOCP_FN_H

@@ -60,6 +60,18 @@
  * longer a socket ends its model registration, as closesocket() ends the
  * OS's.
  *
+ * The controls. A test steers the model through sn_model_control (rules 2
+ * and 4 on demand, and what the model holds for a socket). It lives here,
+ * with the state it reads and writes; it reaches the model's state for a
+ * port from the port's completion port handle, the one thing the model
+ * knows a port by (the backend's os_handle), so it needs nothing of the
+ * port code's own structures (sn_iocp.c).
+ *
+ * Waiting again. A wait whose every entry the model filtered out (edges
+ * already high) is waited again for the time left, counted with the
+ * core's one deadline arithmetic (sn_deadline, sn_time_left: sn_platform.h),
+ * on the same clock as the port's retry and the polyfill's.
+ *
  * What the model cannot know is what Windows really does where the text
  * is silent; `python -m socknotify_loop --probe-os` asks the OS on a
  * machine that has the function and prints its answers beside these.
@@ -208,8 +220,6 @@ static int model__same_socket(const model_reg_t *r) {
         return 1;
     return peer_len == r->peer_len && memcmp(&peer, &r->peer, (size_t)peer_len) == 0;
 }
-
-static int model__same_socket(const model_reg_t *r);
 
 static void model__unrefuse(SOCKET s) {
     uint32_t i;
@@ -483,7 +493,7 @@ DWORD WINAPI sn_model_process_socket_notifications(
     OVERLAPPED_ENTRY *completionPortEntries,
     UINT32 *receivedEntryCount) {
     model_port_t *mp;
-    ULONGLONG deadline = 0;
+    int64_t deadline = 0;
     DWORD rc;
     UINT32 i;
 
@@ -520,7 +530,7 @@ DWORD WINAPI sn_model_process_socket_notifications(
         return ERROR_SUCCESS;
 
     if (timeoutMs != INFINITE)
-        deadline = GetTickCount64() + timeoutMs;
+        deadline = sn_deadline(timeoutMs);
     for (;;) {
         UINT32 got = 0;
         ULONG n;
@@ -540,10 +550,10 @@ DWORD WINAPI sn_model_process_socket_notifications(
         if (timeoutMs == 0)
             return WAIT_TIMEOUT;
         if (timeoutMs != INFINITE) {
-            ULONGLONG now = GetTickCount64();
-            if (now >= deadline)
+            int64_t left = sn_time_left(deadline);
+            if (left == 0)
                 return WAIT_TIMEOUT;
-            timeoutMs = (UINT32)(deadline - now);
+            timeoutMs = (UINT32)left;
         }
     }
 }
@@ -571,7 +581,9 @@ void sn_model_port_closed(HANDLE iocp) {
     ReleaseSRWLockExclusive(&model__lock);
 }
 
-int64_t sn_model_control_port(HANDLE iocp, int what, uint64_t socket, int64_t value) {
+/* ------------------------------------------------------------ the controls */
+
+static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t value) {
     int64_t answer = 0;
     model_port_t *mp;
     model_reg_t *r;
@@ -620,6 +632,18 @@ int64_t sn_model_control_port(HANDLE iocp, int what, uint64_t socket, int64_t va
         break;
     }
     ReleaseSRWLockExclusive(&model__lock);
+    return answer;
+}
+
+int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value) {
+    int64_t answer;
+    if (port->ops != &sn_strict_ops)
+        return -(int64_t)SN_ERROR_NOT_SUPPORTED;
+    if ((answer = sn_port_enter(port)) != 0)
+        return -answer;
+    answer = model__control((HANDLE)(uintptr_t)port->ops->os_handle(port), what, socket,
+                            value);
+    sn_port_leave(port);
     return answer;
 }
 

@@ -54,8 +54,11 @@ int64_t sn_now_ms(void);
 
 /* "Wait again for the time left", the arithmetic: the deadline of a wait
    of timeout_ms (> 0) milliseconds starting now, and the milliseconds left
-   before it (0 once it has passed). The port's retry (sn_run.c) and the
-   AFD polyfill's (sn_afd.c) both count with these, on the same clock. */
+   before it (0 once it has passed). Every wait of the core that is
+   resumed counts with these, on the same clock, and nothing else reads
+   the clock for it: the port's retry (sn_run.c), the AFD polyfill's
+   (sn_afd.c) and its drain at close (sn_afd_port.c), the strict model's
+   (sn_model.c). */
 SN_INLINE int64_t sn_deadline(int64_t timeout_ms) {
     return sn_now_ms() + timeout_ms;
 }

@@ -1,5 +1,5 @@
 /*
- * sn_win.h -- what sn_iocp.c (the port code), sn_model.c (the strict
+ * sn_win.h -- what sn_iocp*.c (the port code), sn_model.c (the strict
  * model) and sn_afd*.c (the polyfill) share on Windows: the SDK's types
  * and the function signature they all have. cffi never sees this file.
  *
@@ -107,7 +107,6 @@ DWORD WINAPI sn_model_process_socket_notifications(
     OVERLAPPED_ENTRY *completionPortEntries,
     UINT32 *receivedEntryCount);
 void sn_model_port_closed(HANDLE port);
-int64_t sn_model_control_port(HANDLE port, int what, uint64_t socket, int64_t value);
 
 #endif /* _WIN32 */
 #endif /* SN_WIN_H */

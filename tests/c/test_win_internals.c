@@ -10,7 +10,7 @@
  *      answers SIO_BSP_HANDLE_POLL with its own socket must not be taken
  *      for the base; a BSP answer naming another socket is one layer down,
  *      where SIO_BASE_HANDLE is asked again.
- *   2. The port's memory traffic per wait (sn_iocp.c): a wait with room for
+ *   2. The port's memory traffic per wait (sn_iocp_buf.c): a wait with room for
  *      more than 128 completion entries must not allocate once the port
  *      has served one, on one thread or several. Counted by wrapping the
  *      C allocator at link time (tests/c/run_wine.sh links this program
