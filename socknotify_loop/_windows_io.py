@@ -325,6 +325,7 @@ class WindowsLoop(Loop):
             raise RuntimeError("Cannot close a running event loop")
         if self.is_closed():
             return
+        self._select_here()   # the proactor's close drains the port
         proactor, self._proactor = self._proactor, None
         if proactor is not None:
             proactor.close()

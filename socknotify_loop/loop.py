@@ -42,6 +42,7 @@ import inspect
 import math
 import sys
 import time as _time
+from _thread import get_ident as _get_ident
 from asyncio import base_events, events, format_helpers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -59,8 +60,10 @@ _new_object = object.__new__
 _copy_context = contextvars.copy_context
 # Handles whose _run is asyncio's own, which the iteration runs inline;
 # any other type (a subclass, which may have its own _run) is run through
-# its _run().
-_PLAIN_HANDLES: Any = (events.Handle, events.TimerHandle)   # Any: no narrowing
+# its _run(). Compared with `is`, one operation each, where `in` a tuple
+# of them is a call. Typed Any: no narrowing of the handle's type.
+_PlainHandle: Any = events.Handle
+_PlainTimerHandle: Any = events.TimerHandle
 _heappop = heapq.heappop
 # asyncio's private constants and helpers, which typeshed does not declare.
 _base_events: Any = base_events
@@ -149,9 +152,39 @@ class Loop(asyncio.SelectorEventLoop):
         elif not isinstance(selector, NotifySelector):
             self._closed = True   # as above: nothing for __del__ to report
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
-        super().__init__(selector)
+        fast = selector.fast_path
+        # The loop owns its selector: it takes the select token now and
+        # keeps it (the selector closes with the loop), so an iteration
+        # selects without taking and giving it back, which cost as much as
+        # a fifth of the iteration's own work (docs/design.md); a select()
+        # by any thread but the one running the loop raises RuntimeError.
+        if not fast.hold():
+            self._closed = True   # as above: nothing for __del__ to report
+            raise RuntimeError("the selector is inside a select() in another thread")
+        try:
+            super().__init__(selector)
+        except BaseException:
+            fast.let_go()
+            raise
         # The selector's fast-path object, the same for its whole life.
-        self._fast_path = self._selector.fast_path
+        self._fast_path = fast
+
+    def run_forever(self) -> None:
+        """Run until :meth:`stop` is called."""
+        self._select_here()
+        super().run_forever()
+
+    def close(self) -> None:
+        """Close the loop, its selector and its port."""
+        if not self.is_running():
+            self._select_here()
+        super().close()
+
+    def _select_here(self) -> None:
+        """Make this thread the one that selects for the select token the
+        loop holds (see __init__): the thread running the loop, or closing
+        it (closing drains the port on Windows)."""
+        self._fast_path.holder = _get_ident()
 
     @property
     def backend(self) -> str:
@@ -195,6 +228,20 @@ class Loop(asyncio.SelectorEventLoop):
             self._ready.append(handle)
             return handle  # type: ignore[no-any-return]  # a Handle, typed Any above
 
+        def _wait_ms(self) -> float:
+            """The wait of this iteration in milliseconds, as _run_once
+            computes it inline: 0 with callbacks ready, -1 with no timer,
+            else the time to the next timer (float; the port rounds up)."""
+            if self._ready or self._stopping:
+                return 0
+            scheduled = self._scheduled
+            if not scheduled:
+                return -1
+            timeout: float = scheduled[0]._when - self.time()
+            if timeout > _MAXIMUM_SELECT_TIMEOUT:
+                timeout = _MAXIMUM_SELECT_TIMEOUT
+            return timeout * 1000.0 if timeout > 0.0 else 0
+
         def _run_once(self) -> None:
             """One iteration: run timers due, wait on the port, queue the
             ready handles, run what is ready (see the module docstring)."""
@@ -203,8 +250,13 @@ class Loop(asyncio.SelectorEventLoop):
                 return
             handle: Any   # a Handle or TimerHandle, private attributes and all
             scheduled = self._scheduled
-            sched_count = len(scheduled) if scheduled else 0
-            if (sched_count > _MIN_SCHEDULED_TIMER_HANDLES and
+            # asyncio counts every scheduled timer cancelled (and uncounts
+            # only those it drops here), so with a count of 0 no cancelled
+            # timer is in the heap and both branches below do nothing:
+            # skipping them saves their tests in every iteration.
+            if not self._timer_cancelled_count:
+                pass
+            elif ((sched_count := len(scheduled)) > _MIN_SCHEDULED_TIMER_HANDLES and
                     self._timer_cancelled_count / sched_count >
                     _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
                 # Many cancelled timers: rebuild the heap without them.
@@ -225,93 +277,83 @@ class Loop(asyncio.SelectorEventLoop):
 
             ready = self._ready
             fast = self._fast_path
-            wait_ms: float
-            # The wait: the port's calls without changes, poll and block
-            # taking one argument, a timed wait two; the binding makes them
-            # for less than the general call, used below when changes are
-            # queued (docs/design.md).
-            if ready or self._stopping:
-                wait_ms = 0
-                wait = fast.poll
+            # The selector's select(), inline, through the one object the
+            # selector offers for it (selector.FastPath). The loop holds the
+            # selector's select token for its whole life (see __init__), so
+            # nothing is taken here. With nothing queued, the port's calls
+            # that take no change count: poll and block take one argument,
+            # a timed wait two; the binding makes them for less than the
+            # general call (docs/design.md).
+            if fast.todo:
+                # Changes queued, or slots to free: the general call.
+                got = fast.select(fast.port, fast.prepare(), self._wait_ms())
+            elif ready or self._stopping:
+                got = fast.poll(fast.port)
             elif scheduled:
                 timeout = scheduled[0]._when - self.time()
                 if timeout > _MAXIMUM_SELECT_TIMEOUT:  # not min(): a call
                     timeout = _MAXIMUM_SELECT_TIMEOUT
                 # Float milliseconds: the port rounds them up, as the
                 # selectors round, so the wait never ends early.
-                wait_ms = timeout * 1000.0 if timeout > 0.0 else 0
-                wait = None
+                got = fast.wait(fast.port, timeout * 1000.0 if timeout > 0.0 else 0)
             else:
-                wait_ms = -1
-                wait = fast.block
-
-            # The selector's select(), inline, through the one object the
-            # selector offers for it (selector.FastPath): its token is held
-            # from taking the queued changes to reading the answer.
-            try:
-                token = fast.token.pop()
-            except IndexError:
-                raise RuntimeError("select() is already running in another thread") from None
-            try:
-                if fast.pending or fast.released:
-                    got = fast.select(fast.port, fast.prepare(), wait_ms)
-                elif wait is None:
-                    got = fast.wait(fast.port, wait_ms)
-                else:
-                    got = wait(fast.port)
-                if got > 0:
-                    # One pair comes in the answer itself (its low two
-                    # bits, the mask, are not 0); more are in the buffer.
-                    mask = got & 3
-                    if mask:
-                        key = fast.keys[got >> 2]
-                        got = 1
-                    else:
-                        got >>= 2
-                        if got > _PAIRS:
-                            got = fast.io_completed(got)
-                        values = iter(fast.out[:got << 1].tolist())
-            finally:
-                fast.token.append(token)
-            if got == 1 and mask:
-                # Most iterations get exactly one event: read it in place.
-                # This is the loop below, written out for one pair, which
-                # saves its tuple, iterator and loop; writing the dispatch
-                # once for both paths cost more than the copy (the figures
-                # are in docs/design.md).
+                got = fast.block(fast.port)
+            if got > 0:
+                # One pair comes in the answer itself (its low two bits,
+                # the mask, are not 0); more are in the buffer.
                 # A mask is 1 (read), 2 (write) or 3 (both), never 0: the
                 # tests below use !=, which Python specialises for small
                 # ints, where & is a generic call.
-                if key is not None:
-                    reader, writer = key.data
-                    if mask != 2 and reader is not None:
-                        if reader._cancelled:
-                            self._remove_reader(key.fileobj)
-                        else:
-                            ready.append(reader)
-                    if mask != 1 and writer is not None:
-                        if writer._cancelled:
-                            self._remove_writer(key.fileobj)
-                        else:
-                            ready.append(writer)
-            elif got > 0:
-                keys = fast.keys
-                for slot, mask in zip(values, values):
-                    key = keys[slot]
-                    if key is None:
-                        continue
-                    reader, writer = key.data
-                    if mask != 2 and reader is not None:
-                        if reader._cancelled:
-                            self._remove_reader(key.fileobj)
-                        else:
-                            ready.append(reader)
-                    if mask != 1 and writer is not None:
-                        if writer._cancelled:
-                            self._remove_writer(key.fileobj)
-                        else:
-                            ready.append(writer)
-            elif got < 0:
+                mask = got & 3
+                if mask:
+                    # Most iterations get exactly one event: read it in
+                    # place. This is the loop below, written out for one
+                    # pair, which saves its tuple, iterator and loop;
+                    # writing the dispatch once for both paths cost more
+                    # than the copy (the figures are in docs/design.md).
+                    key = fast.keys[got >> 2]
+                    if key is not None:
+                        reader, writer = key.data
+                        if mask != 2 and reader is not None:
+                            if reader._cancelled:
+                                self._remove_reader(key.fileobj)
+                            else:
+                                ready.append(reader)
+                        if mask != 1 and writer is not None:
+                            if writer._cancelled:
+                                self._remove_writer(key.fileobj)
+                            else:
+                                ready.append(writer)
+                else:
+                    got >>= 2
+                    if got > _PAIRS:
+                        got = fast.io_completed(got)
+                    values = iter(fast.out[:got << 1].tolist())
+                    if got >= fast.room:
+                        fast.grow()
+                    keys = fast.keys
+                    for slot, mask in zip(values, values):
+                        key = keys[slot]
+                        if key is None:
+                            continue
+                        reader, writer = key.data
+                        if mask != 2 and reader is not None:
+                            if reader._cancelled:
+                                self._remove_reader(key.fileobj)
+                            else:
+                                ready.append(reader)
+                        if mask != 1 and writer is not None:
+                            if writer._cancelled:
+                                self._remove_writer(key.fileobj)
+                            else:
+                                ready.append(writer)
+                # The dispatch's references go before callbacks run:
+                # asyncio dispatches in _process_events, whose frame is gone
+                # by then, and CPython's tests check that a failed future
+                # is referenced by nothing else (a reader or writer handle
+                # holds its future).
+                key = reader = writer = None
+            elif got:
                 fast.raise_for(got)
 
             # Timers that are due.
@@ -331,11 +373,6 @@ class Loop(asyncio.SelectorEventLoop):
                     handle._scheduled = False
                     ready.append(handle)
 
-            # The dispatch's references go before callbacks run: asyncio
-            # dispatches in _process_events, whose frame is gone by then,
-            # and CPython's tests check that a failed future is referenced
-            # by nothing else (a reader or writer handle holds its future).
-            key = reader = writer = None
             # Run what is ready now; callbacks queued by these run next
             # time. asyncio's Handle._run, inline: one call frame less per
             # callback.
@@ -346,7 +383,7 @@ class Loop(asyncio.SelectorEventLoop):
                 handle = popleft()
                 if handle._cancelled:
                     continue
-                if type(handle) in _PLAIN_HANDLES:
+                if type(handle) is _PlainHandle or type(handle) is _PlainTimerHandle:
                     # No *args unpacking for the common shapes: it builds a
                     # tuple per call (docs/design.md has what it cost).
                     # Readiness callbacks and task steps take no argument,

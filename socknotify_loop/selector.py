@@ -46,7 +46,11 @@ Threads: as with ``selectors.EpollSelector``, ``register``, ``modify`` and
 ``select``. The bookkeeping they share is guarded by a lock; a select
 holds the select token from the moment it takes the queued changes to the
 moment it has read its answer, so a select refused because another thread
-is selecting has touched nothing. A slot freed by ``unregister`` is reused
+is selecting has touched nothing. A loop holds the token for its whole run
+instead (:meth:`FastPath.hold`): its thread selects once per iteration, and
+taking and giving back the token each time cost as much as a fifth of an
+iteration's own work; between two of its selects that thread may still
+call ``select()`` itself (debug mode does) and register. A slot freed by ``unregister`` is reused
 only from the next select on: an answer already in flight may still name
 it, and must not be read as its next owner's.
 
@@ -60,6 +64,7 @@ from __future__ import annotations
 
 import selectors
 import threading
+from _thread import get_ident as _get_ident
 from collections.abc import Callable, Iterator, Mapping
 from time import monotonic as _monotonic
 from typing import Any, NamedTuple
@@ -128,34 +133,42 @@ class FastPath:
     """What a loop's iteration reads of a :class:`NotifySelector`, in one
     object it fetches once per iteration (``selector.fast_path``): the
     loop then makes the select call itself and reads the answer in place,
-    without the list and tuples :meth:`NotifySelector.select` builds. The
-    protocol is the one ``select()`` follows::
+    without the list and tuples :meth:`NotifySelector.select` builds.
 
-        token = fast.token.pop()          # IndexError: another thread selects
-        try:
-            got = fast.select(fast.port, fast.prepare() if fast.pending or
-                              fast.released else 0, wait_ms)
-            # got & 3: one pair, slot got >> 2, mask got & 3
-            # else got >>= 2; got > 0xFFFFFFFF: got = fast.io_completed(got)
-            # pairs (slot, mask): fast.out[2*i], fast.out[2*i + 1];
-            # the key is fast.keys[slot] (None: unregistered meanwhile),
-            # read before the token goes back
-        finally:
-            fast.token.append(token)
+    A loop owns its selector: it takes the select token once, with
+    ``fast.hold()`` (False if a select of another thread has it), and keeps
+    it; ``fast.holder`` is then the ident of the thread that selects (the
+    one running the loop, which the loop sets), and ``select()`` raises
+    RuntimeError in any other thread. ``fast.let_go()`` gives the token
+    back. The holding thread's iteration then is::
+
+        got = (fast.select(fast.port, fast.prepare(), wait_ms) if fast.todo
+               else fast.wait(fast.port, wait_ms))   # or poll/block, below
+        # got & 3: one pair, slot got >> 2, mask got & 3
+        # else got >>= 2; got > 0xFFFFFFFF: got = fast.io_completed(got)
+        # pairs (slot, mask): fast.out[2*i], fast.out[2*i + 1];
+        # the key is fast.keys[slot] (None: unregistered meanwhile);
+        # an answer of fast.room pairs or more: fast.grow() after reading
+        # it (room for every registration, which a register() in another
+        # thread could not make while the token was held)
         # got < 0: fast.raise_for(got)
+
+    ``select()`` follows the same protocol with the token taken for the
+    one call (``fast.token``, a one-item list: ``pop()`` takes it).
 
     The attributes always name the selector's current objects (the lists
     are never replaced, ``out`` is updated when the buffers are bound
     anew). ``port`` is the port's address for these calls
     (:attr:`Port.address`); ``owner`` keeps the port alive with it.
-    With nothing queued (``pending`` and ``released`` empty),
+    With nothing to prepare (``todo`` empty),
     ``fast.poll(fast.port)``, ``fast.block(fast.port)`` and
     ``fast.wait(fast.port, wait_ms)`` are ``fast.select(fast.port, 0, 0)``,
     ``fast.select(fast.port, 0, -1)`` and ``fast.select(fast.port, 0,
     wait_ms)``."""
 
     __slots__ = ("select", "poll", "block", "wait", "port", "owner", "token", "pending",
-                 "released", "prepare", "out", "keys", "io_completed", "raise_for")
+                 "released", "prepare", "out", "keys", "io_completed", "raise_for",
+                 "holder", "hold", "let_go", "room", "grow", "todo")
 
     select: Callable[[int, int, float], int]
     poll: Callable[[int], int]
@@ -171,6 +184,12 @@ class FastPath:
     keys: list[SelectorKey | None]
     io_completed: Callable[[int], int]
     raise_for: Callable[[int], None]
+    holder: int
+    hold: Callable[[], bool]
+    let_go: Callable[[], None]
+    room: int
+    grow: Callable[[], None]
+    todo: list[Any]
 
 
 class _Record(NamedTuple):
@@ -284,10 +303,20 @@ class NotifySelector(selectors.BaseSelector):
         fast.token = self._select_token
         fast.pending = self._pending
         fast.released = self._released
+        # The one list whose items mean the next select must prepare():
+        # on epoll, slots to free (changes are made at once); on the
+        # completion ports, queued changes (an unregister queues its
+        # REMOVE; a slot released without one waits for the next change
+        # to be freed, which only delays its reuse).
+        fast.todo = self._released if self._at_once else self._pending
         fast.prepare = self._prepare
         fast.keys = self._keys
         fast.io_completed = self._io_completed
         fast.raise_for = self._raise_for
+        fast.holder = 0
+        fast.hold = self._hold
+        fast.let_go = self._let_go
+        fast.grow = self._grow
         self._bind(256, 64)
 
     # -- buffers -----------------------------------------------------------------
@@ -302,8 +331,40 @@ class NotifySelector(selectors.BaseSelector):
             return False
         self._out, self._changes_room = bound
         self._fast.out = self._out
-        self._room = room
+        self._fast.room = self._room = room
         return True
+
+    def _grow(self) -> None:
+        """After an answer that filled the buffer (the select token held):
+        room for every registration to be ready at once, if a register()
+        made while the token was held elsewhere could not bind it."""
+        room = self._room
+        if len(self._records) > room:
+            while room < len(self._records):
+                room *= 2
+            self._bind(room, self._changes_room)
+
+    # -- the select token held for a whole run ------------------------------------
+
+    def _hold(self) -> bool:
+        """Take the select token for this thread until :meth:`_let_go`
+        (a loop's whole run); False if a select in another thread holds it."""
+        try:
+            self._select_token.pop()
+        except IndexError:
+            return False
+        self._fast.holder = _get_ident()
+        return True
+
+    def _let_go(self) -> None:
+        """Give back the token :meth:`_hold` took."""
+        self._fast.holder = 0
+        self._select_token.append(True)
+
+    def _no_select_elsewhere(self) -> bool:
+        """No other thread is inside a select: the token is free, or this
+        thread holds it for its run (and is not selecting, since it is here)."""
+        return bool(self._select_token) or self._fast.holder == _get_ident()
 
     # -- introspection ---------------------------------------------------------
 
@@ -411,7 +472,8 @@ class NotifySelector(selectors.BaseSelector):
             # gets a REMOVE and an ENABLE under a new slot, and holds the
             # ENABLE back until the REMOVE event: correct, only dearer.
             taken_back = (self._take_back(fd)
-                          if pending and not at_once and self._select_token else None)
+                          if pending and not at_once and self._no_select_elsewhere()
+                          else None)
             if taken_back is not None:
                 # Unregistered and registered again before the next select
                 # (what asyncio's sock_recv does: its reader goes in a done
@@ -454,7 +516,8 @@ class NotifySelector(selectors.BaseSelector):
                 self._unsent.add(slot)
         if len(records) > self._room and self._select_token:
             # Room for every registration to be ready at once; when a
-            # select is running, the next register tries again.
+            # select is running, the next register tries again (and a loop
+            # holding the token grows the buffer when an answer fills it).
             try:
                 token = self._select_token.pop()
             except IndexError:
@@ -463,6 +526,9 @@ class NotifySelector(selectors.BaseSelector):
                 self._bind(self._room * 2, self._changes_room)
             finally:
                 self._select_token.append(token)
+        elif len(records) > self._room and self._fast.holder == _get_ident():
+            # This thread's loop holds the token and is between two selects.
+            self._bind(self._room * 2, self._changes_room)
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
@@ -485,7 +551,13 @@ class NotifySelector(selectors.BaseSelector):
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
         self._keys[slot] = None
-        self._released.append(slot)
+        if self._at_once and self._fast.holder == _get_ident():
+            # epoll removes the item now and the core drops the record; and
+            # this thread, a loop's between two of its selects, has no
+            # answer in flight that could name the slot: free at once.
+            self._free.append(slot)
+        else:
+            self._released.append(slot)
         if slot in self._unsent:
             # The port never heard of it: forget its queued changes.
             self._unsent.discard(slot)
@@ -612,7 +684,7 @@ class NotifySelector(selectors.BaseSelector):
         by a signal before anything arrived returns -1 (the signal's Python
         handler runs as soon as Python resumes)."""
         fast = self._fast
-        count = fast.prepare() if fast.pending or fast.released else 0
+        count = fast.prepare() if fast.todo else 0
         got: int = (fast.select(fast.port, count, wait_ms) if count else
                      fast.wait(fast.port, wait_ms))
         if got < 0:
@@ -641,7 +713,11 @@ class NotifySelector(selectors.BaseSelector):
         try:
             token = self._select_token.pop()
         except IndexError:
-            raise RuntimeError("select() is already running in another thread") from None
+            if self._fast.holder != _get_ident():
+                raise RuntimeError("select() is already running in another thread") from None
+            # This thread's loop holds the token for its run, and is here
+            # between two of its own selects (debug mode's iteration).
+            token = None
         try:
             got = self._wait(wait)
             if got < 0:
@@ -649,8 +725,11 @@ class NotifySelector(selectors.BaseSelector):
             if not got:
                 return []
             values = self._out[:got * _WORDS_PER_PAIR].tolist()
+            if got >= self._room:
+                self._grow()
         finally:
-            self._select_token.append(token)
+            if token is not None:
+                self._select_token.append(token)
         keys = self._keys
         # Masked with the key read now, as EpollSelector does: the port
         # limited the mask to the registration's events at the wait, and a
