@@ -935,3 +935,153 @@ def test_a_callbacks_arguments_die_with_it(make):
         assert seen == [None]
     finally:
         loop.close()
+
+
+# -- the select token the loop holds ------------------------------------------------
+
+def test_the_loop_holds_its_selectors_select_token():
+    """The loop owns its selector's select token for its life: another
+    thread's select() raises, the loop's own thread may select between two
+    iterations (debug mode's stock iteration does), and a closed loop's
+    selector is closed with it."""
+    loop = socknotify_loop.new_event_loop()
+    try:
+        selector = loop._selector
+        errors = []
+
+        def other():
+            try:
+                selector.select(0)
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(10)
+        assert errors and "already running" in errors[0]
+
+        async def own():
+            return selector.select(0)
+        assert loop.run_until_complete(own()) == []
+        # Debug mode runs asyncio's own iteration, which calls select().
+        loop.set_debug(True)
+        assert loop.run_until_complete(asyncio.sleep(0.01, "done")) == "done"
+    finally:
+        loop.close()
+
+
+def test_a_loop_run_in_another_thread_selects_there():
+    """Made in one thread, run in another, closed in the first: each thread
+    selects while it runs or closes the loop."""
+    loop = socknotify_loop.new_event_loop()
+    results = []
+    thread = threading.Thread(
+        target=lambda: results.append(loop.run_until_complete(asyncio.sleep(0.01, "ran"))))
+    thread.start()
+    thread.join(10)
+    assert results == ["ran"]
+    assert loop.run_until_complete(asyncio.sleep(0, "again")) == "again"
+    loop.close()
+
+
+def test_a_loop_on_a_selector_that_selects_elsewhere_is_refused_quietly():
+    """RuntimeError, the selector keeps working, and nothing from __del__."""
+    import gc
+    selector = NotifySelector()
+    a, b = socket.socketpair()
+    try:
+        selector.register(a, 1)
+        waiter = threading.Thread(target=selector.select, args=(5,))
+        waiter.start()
+        time.sleep(0.2)
+        unraisable = []
+        old_hook = sys.unraisablehook
+        sys.unraisablehook = unraisable.append
+        try:
+            with pytest.raises(RuntimeError, match="another thread"):
+                Loop(selector)
+            gc.collect()
+        finally:
+            sys.unraisablehook = old_hook
+        assert unraisable == []
+        b.send(b"x")
+        waiter.join(5)
+        assert not waiter.is_alive()
+        selector.unregister(a)
+        # The token came back: a loop on it now runs.
+        loop = Loop(selector)
+        try:
+            assert loop.run_until_complete(asyncio.sleep(0, "ok")) == "ok"
+        finally:
+            loop.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_registrations_from_another_thread_grow_the_answer_buffer():
+    """A register() in another thread cannot bind a larger buffer while the
+    loop holds the token; the loop grows it when an answer fills it, and
+    every ready registration is served."""
+    loop = socknotify_loop.new_event_loop()
+    pairs = [socket.socketpair() for _ in range(700)]
+    try:
+        selector = loop._selector
+        room = selector.fast_path.room
+        assert room < len(pairs)
+        served = set()
+        done = loop.create_future()
+
+        def readable(sock):
+            sock.recv(1)
+            served.add(sock.fileno())
+            loop._remove_reader(sock)
+            if len(served) == len(pairs) and not done.done():
+                done.set_result(None)
+
+        def register_all():
+            for a, b in pairs:
+                handle = asyncio.Handle(readable, (a,), loop)
+                selector.register(a, 1, (handle, None))
+                b.send(b"x")
+
+        async def main():
+            # The loop's thread waits here, between two selects, while the
+            # other thread registers: the next answer is all 700 at once.
+            thread = threading.Thread(target=register_all)
+            thread.start()
+            thread.join(30)
+            await asyncio.wait_for(done, 30)
+        loop.run_until_complete(main())
+        assert len(served) == len(pairs)
+        assert selector.fast_path.room >= len(pairs)
+    finally:
+        loop.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+@pytest.mark.parametrize("make", [socknotify_loop.new_event_loop, asyncio.SelectorEventLoop],
+                         ids=["ours", "asyncio"])
+def test_cancelled_timers_leave_the_heap_as_asyncio_drops_them(make):
+    """The iteration skips the heap's cancelled-timer checks only while
+    asyncio counts no cancelled timer: a cancelled head is popped, and
+    many cancelled timers make the heap rebuilt, exactly as asyncio does."""
+    loop = make()
+    try:
+        first = loop.call_later(100, lambda: None)
+        loop.call_later(200, lambda: None)
+        first.cancel()
+        loop.call_soon(lambda: None)     # a callback ready: the iteration polls
+        loop._run_once()
+        assert len(loop._scheduled) == 1 and not first._scheduled
+        assert loop._timer_cancelled_count == 0
+        many = [loop.call_later(300 + i, lambda: None) for i in range(150)]
+        for handle in many[:120]:
+            handle.cancel()
+        loop.call_soon(lambda: None)
+        loop._run_once()
+        assert len(loop._scheduled) == 31 and loop._timer_cancelled_count == 0
+        assert all(not h._cancelled for h in loop._scheduled)
+    finally:
+        loop.close()
