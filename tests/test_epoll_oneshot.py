@@ -248,3 +248,38 @@ def test_unregister_then_close_before_select_waits_quietly(sel):
     finally:
         a.close()
         b.close()
+
+
+def test_the_selecting_thread_frees_a_slot_at_once(sel):
+    """On epoll the item leaves the kernel at unregister(): the thread that
+    selects (a loop's, holding the token between its selects) frees the
+    slot at once, so the next select needs no preparation; another thread's
+    unregister keeps the slot out of use until the next select, since an
+    answer in flight may still name it."""
+    import threading
+    fast = sel.fast_path
+    assert fast.hold()
+    a, b = pair()
+    c, d = pair()
+    try:
+        sel.register(a, READ)
+        slot = sel._records[a.fileno()].slot
+        sel.unregister(a)
+        assert fast.todo == [] and slot in sel._free
+        sel.register(a, READ)
+        assert sel._records[a.fileno()].slot == slot
+
+        def elsewhere():
+            sel.register(c, READ)
+            sel.unregister(c)
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join(10)
+        assert len(fast.todo) == 1 and fast.todo[0] not in sel._free
+        b.send(b"x")
+        assert [key.fileobj for key, _ in sel.select(1)] == [a]   # the holder selects
+        assert fast.todo == []
+    finally:
+        fast.let_go()
+        for s in (a, b, c, d):
+            s.close()
