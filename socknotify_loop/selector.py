@@ -46,13 +46,14 @@ Threads: as with ``selectors.EpollSelector``, ``register``, ``modify`` and
 ``select``. The bookkeeping they share is guarded by a lock; a select
 holds the select token from the moment it takes the queued changes to the
 moment it has read its answer, so a select refused because another thread
-is selecting has touched nothing. A loop holds the token for its whole run
-instead (:meth:`FastPath.hold`): its thread selects once per iteration, and
-taking and giving back the token each time cost as much as a fifth of an
-iteration's own work; between two of its selects that thread may still
-call ``select()`` itself (debug mode does) and register. A slot freed by ``unregister`` is reused
-only from the next select on: an answer already in flight may still name
-it, and must not be read as its next owner's.
+is selecting has touched nothing. A loop holds the token for its whole
+life instead (:class:`FastPath`): it selects once per iteration, and taking
+and giving back the token each time cost as much as a fifth of an
+iteration's own work; the thread running it may still call ``select()``
+between two iterations (debug mode does). A slot freed by ``unregister`` is
+reused only from the next select on: an answer already in flight may still
+name it, and must not be read as its next owner's (on epoll the selecting
+thread frees it at once: it has no answer in flight).
 
 Overlapped I/O completions (Windows only: handles associated with the
 port, see :mod:`socknotify_loop._windows_io`) come out of the same call.
@@ -347,8 +348,9 @@ class NotifySelector(selectors.BaseSelector):
     # -- the select token held for a whole run ------------------------------------
 
     def _hold(self) -> bool:
-        """Take the select token for this thread until :meth:`_let_go`
-        (a loop's whole run); False if a select in another thread holds it."""
+        """Take the select token until :meth:`_let_go` (a loop's whole
+        life), this thread selecting; False if a select in another thread
+        holds it."""
         try:
             self._select_token.pop()
         except IndexError:
