@@ -336,16 +336,17 @@ class NotifySelector(selectors.BaseSelector):
         return True
 
     def _grow(self) -> None:
-        """After an answer that filled the buffer (the select token held):
-        room for every registration to be ready at once, if a register()
-        made while the token was held elsewhere could not bind it."""
+        """Room for every registration to be ready at once, if there is not
+        (the select token held): after a register(), or after an answer
+        that filled the buffer (a register() made while another thread held
+        the token could not bind it)."""
         room = self._room
         if len(self._records) > room:
             while room < len(self._records):
                 room *= 2
             self._bind(room, self._changes_room)
 
-    # -- the select token held for a whole run ------------------------------------
+    # -- the select token held for a loop's life ----------------------------------
 
     def _hold(self) -> bool:
         """Take the select token until :meth:`_let_go` (a loop's whole
@@ -525,12 +526,12 @@ class NotifySelector(selectors.BaseSelector):
             except IndexError:
                 return key
             try:
-                self._bind(self._room * 2, self._changes_room)
+                self._grow()
             finally:
                 self._select_token.append(token)
         elif len(records) > self._room and self._fast.holder == _get_ident():
             # This thread's loop holds the token and is between two selects.
-            self._bind(self._room * 2, self._changes_room)
+            self._grow()
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
