@@ -1,20 +1,65 @@
 #!/usr/bin/env python3
-"""Run every test environment: `python tools/test_all.py [tox args]`.
+"""Run every test environment: `python tools/test_all.py [options] [tox args]`.
 
-Installs tox if it is missing, makes the pyenv Pythons 3.9-3.13 visible to it
-(PYENV_VERSION lists every installed one, so the shims resolve python3.X),
-installs Debian's pypy3 and pypy3-dev (as root, with apt-get) when the
-pypy3 environment will run and they are missing, then runs tox's whole
-envlist: the linters (ruff, mypy), Linux tests on each Python and on PyPy
-(CPython 3.14 and 3.15 in the Debian sid chroot tools/chroot.py makes and
-caches, as root: tox's py314 and py315), the sanitizer run, the
-sdist-to-wheel check, and the Wine suites (which install Wine, mingw-w64
-and the Windows Pythons themselves). Exits with tox's status.
+What it does, in order:
+
+1. Installs tox if it is missing and makes the pyenv Pythons 3.9-3.13
+   visible to it (PYENV_VERSION lists every installed one, so the shims
+   resolve python3.X).
+2. Installs the Debian packages the selected environments need, all in one
+   ``apt-get update`` and one ``apt-get install`` (as root): PostgreSQL and
+   Redis for the integration tests, PyPy and its headers, Wine and
+   mingw-w64, mmdebstrap for the CPython 3.14/3.15 chroot. Environments
+   that would otherwise each run apt themselves find everything there.
+3. Runs tox's environments side by side (``tox -p``), the longest first:
+   the two Wine suites, then the chroot's CPython 3.14/3.15 (3.15 after 3.14,
+   which makes the chroot and shares its lock), then the rest. On a
+   two-core machine three at a time keeps both cores busy: the suites wait
+   on sockets, timers, child processes and package downloads much of the
+   time.
+4. Prints, per environment, its result, its time and the closing lines of
+   its test runs, then a table of times; the whole output of each
+   environment is kept in ``.tox/logs/<env>.log``. A run longer than
+   BUDGET_MINUTES ends with a warning line naming the slowest environments.
+
+CPython's conformance suites (tests/conformance) run whole on the oldest
+and newest CPython (py39, py311 as the main one, py315) and on both
+Windows Pythons; the middle versions (py310, py312, py313, py314) run the
+set that drives the loop's own I/O (tox.ini sets SOCKNOTIFY_CONFORMANCE=
+light there; tests/conformance/conftest.py says which modules). ``--full``
+runs the whole set everywhere: run it before a change that touches what
+only the lighter versions' suites would catch.
+
+Options (before any tox argument):
+  --jobs N   environments at once (default 3; 1 runs them one after another)
+  --full     the whole conformance set on every version
+Everything else goes to tox (``-e py311``, ``-- tests/test_port.py``).
+Exits with tox's status.
 """
+from __future__ import annotations
+
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: CI's budget on a fresh machine; past it the run ends with a warning.
+BUDGET_MINUTES = 45
+#: the order environments start in when several run at once: the longest
+#: first, so that no long one starts last and runs alone. Measured on a
+#: fresh two-core machine (tests/README.md has the table).
+LONGEST_FIRST = ["wine311", "wine313", "py314", "py39", "py315", "pypy3", "py311",
+                 "py310", "py312", "py313", "dist", "sanitizers", "lint"]
+#: Debian packages, and the environments that need them.
+APT_NEEDS = {
+    "postgresql": "tests", "redis-server": "tests",
+    "pypy3": "pypy3", "pypy3-dev": "pypy3",
+    "wine64": "wine", "gcc-mingw-w64-x86-64": "wine",
+    "mmdebstrap": "chroot",
+}
 
 
 def pyenv_versions():
@@ -29,14 +74,25 @@ def pyenv_versions():
     return sorted(found, key=lambda v: v != current)
 
 
-def pypy_ready():
-    """pypy3 on PATH with its C headers (pypy3-dev), which building the core needs."""
-    if not shutil.which("pypy3"):
-        return False
-    probe = ("import os, sysconfig; "
-             "print(os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))")
-    result = subprocess.run(["pypy3", "-c", probe], capture_output=True, text=True)
-    return result.stdout.strip() == "True"
+def split_args(argv):
+    """(jobs, full, tox_args) from the command line."""
+    jobs, full, rest = 3, False, []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--":
+            rest += [arg, *args]
+            break
+        if arg == "--full":
+            full = True
+        elif arg == "--jobs" or arg.startswith("--jobs="):
+            value = arg.partition("=")[2] or (args.pop(0) if args else "")
+            if not value.isdigit() or int(value) < 1:
+                sys.exit("tools/test_all.py: --jobs takes a whole number of at least 1")
+            jobs = int(value)
+        else:
+            rest.append(arg)
+    return jobs, full, rest
 
 
 def selected_envs(tox_args):
@@ -51,39 +107,155 @@ def selected_envs(tox_args):
     return None
 
 
-def ensure_pypy(tox_args):
-    """Install pypy3 and pypy3-dev for tox's pypy3 env if it will run."""
-    envs = selected_envs(tox_args)
-    if envs is not None and "pypy3" not in envs and "ALL" not in envs:
+def envlist():
+    """tox.ini's envlist, as written."""
+    import configparser
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(os.path.join(HERE, "tox.ini"))
+    return [e.strip() for e in parser.get("tox", "envlist").replace("\n", ",").split(",")
+            if e.strip()]
+
+
+def ordered(envs):
+    """The environments, the longest first (unknown ones keep their place at the end)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    return sorted(envs, key=lambda e: rank.get(e, len(rank)))
+
+
+def apt_packages_needed(envs):
+    """The Debian packages the environments need that are not installed."""
+    def wanted(need):
+        if need == "tests":
+            return any(e.startswith(("py", "wine")) for e in envs)
+        if need == "wine":
+            return any(e.startswith("wine") for e in envs)
+        if need == "chroot":
+            return any(e in ("py314", "py315") for e in envs) and not chroot_ready()
+        return need in envs
+
+    return [pkg for pkg, need in APT_NEEDS.items() if wanted(need) and not installed(pkg)]
+
+
+def chroot_ready():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.exists(os.path.join(base, "socknotify_loop", "sid", ".socknotify-chroot.json"))
+
+
+def installed(package):
+    result = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package],
+                            capture_output=True, text=True)
+    return result.returncode == 0 and "install ok installed" in result.stdout
+
+
+def install_system_packages(envs):
+    """One apt-get update and one apt-get install for every environment."""
+    if not shutil.which("dpkg-query"):
         return
-    if pypy_ready():
+    missing = apt_packages_needed(envs)
+    if not missing:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        sys.exit("tox's pypy3 env needs PyPy and its headers: "
-                 "apt-get install -y pypy3 pypy3-dev")
+        sys.exit("the test environments need Debian packages: "
+                 f"apt-get install -y {' '.join(missing)} (as root)")
+    start = time.monotonic()
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.check_call(["apt-get", "update", "-qq"], env=env)
-    subprocess.check_call(["apt-get", "install", "-y", "-qq", "pypy3", "pypy3-dev"], env=env,
+    lock = ["-o", "DPkg::Lock::Timeout=900"]
+    print(f"[test_all] apt-get install {' '.join(missing)}", flush=True)
+    subprocess.check_call(["apt-get", *lock, "update", "-qq"], env=env)
+    subprocess.check_call(["apt-get", *lock, "install", "-y", "-qq", *missing], env=env,
                           stdout=subprocess.DEVNULL)
+    print(f"[test_all] system packages installed in {time.monotonic() - start:.0f} s",
+          flush=True)
+
+
+def tail_lines(text, count):
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-count:]
+
+
+def report(result_file, envs, elapsed, log_dir):
+    """Per environment: status, time, the closing lines of each command;
+    then the table of times and, past the budget, the warning."""
+    try:
+        with open(result_file, encoding="utf-8") as f:
+            results = json.load(f).get("testenvs", {})
+    except (OSError, ValueError) as exc:
+        print(f"[test_all] no tox result file ({exc}); times per environment unknown")
+        return
+    os.makedirs(log_dir, exist_ok=True)
+    times = []
+    for name in envs:
+        data = results.get(name)
+        if not data:
+            continue
+        commands = data.get("setup", []) + data.get("test", [])
+        seconds = sum(c.get("elapsed", 0.0) for c in commands)
+        failed = any(c.get("retcode") not in (0, None) for c in data.get("test", []))
+        times.append((seconds, name, "FAILED" if failed else "ok"))
+        with open(os.path.join(log_dir, f"{name}.log"), "w", encoding="utf-8") as log:
+            for command in commands:
+                log.write("$ " + " ".join(command.get("command", [])) + "\n")
+                log.write(command.get("output", "") + command.get("err", ""))
+        print(f"\n===== {name}: {'FAILED' if failed else 'ok'} in {seconds:.0f} s "
+              f"(whole output: {os.path.relpath(log.name, HERE)})")
+        for command in data.get("test", []):
+            words = command.get("command", [])
+            print("  $ " + " ".join(os.path.basename(w) if i == 0 else w
+                                    for i, w in enumerate(words))[:160])
+            for line in tail_lines(command.get("output", ""), 4):
+                print("    " + line[:300])
+    print("\n[test_all] time per environment (side by side, so they add up to more "
+          "than the run):")
+    for seconds, name, status in sorted(times, reverse=True):
+        print(f"  {name:<12} {seconds:7.0f} s  {status}")
+    print(f"[test_all] whole run: {elapsed:.0f} s ({elapsed / 60:.1f} min)")
+    if elapsed > BUDGET_MINUTES * 60:
+        slowest = ", ".join(f"{name} {seconds:.0f} s" for seconds, name, _ in
+                            sorted(times, reverse=True)[:3])
+        print(f"WARNING: the run took {elapsed / 60:.1f} min, over the {BUDGET_MINUTES}-minute "
+              f"budget; slowest environments: {slowest}")
 
 
 def main():
+    jobs, full, tox_args = split_args(sys.argv[1:])
+    start = time.monotonic()
     try:
         import tox  # noqa: F401
     except ImportError:
         subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "tox>=4"])
-    ensure_pypy(sys.argv[1:])
+    chosen = selected_envs(tox_args)
+    envs = ordered(envlist() if chosen is None or "ALL" in chosen else chosen)
+    install_system_packages(envs)
     env = dict(os.environ)
+    if full:
+        env["SOCKNOTIFY_CONFORMANCE"] = "full"
     versions = pyenv_versions()
     if versions:
         env["PYENV_VERSION"] = ":".join(versions)
         root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
         bins = [os.path.join(root, "versions", v, "bin") for v in versions]
         env["PATH"] = os.pathsep.join(bins + [env.get("PATH", "")])
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tox = subprocess.Popen([sys.executable, "-m", "tox", "-c", here, *sys.argv[1:]], env=env)
+    if chosen is None:
+        tox_args = ["-e", ",".join(envs), *tox_args]
+    else:
+        # The same environments, the longest first.
+        index = next(i for i, a in enumerate(tox_args) if a == "-e" or a.startswith("-e"))
+        if tox_args[index] == "-e":
+            tox_args = tox_args[:index] + ["-e", ",".join(envs)] + tox_args[index + 2:]
+        else:
+            tox_args = tox_args[:index] + ["-e", ",".join(envs)] + tox_args[index + 1:]
+    log_dir = os.path.join(HERE, ".tox", "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    result_file = os.path.join(log_dir, "result.json")
+    parallel = ["-p", str(jobs), "--parallel-no-spinner"] if jobs > 1 and len(envs) > 1 else []
+    if parallel:
+        print(f"[test_all] {len(envs)} environments, {jobs} at a time: {', '.join(envs)}",
+              flush=True)
+    command = [sys.executable, "-m", "tox", "-c", HERE, *parallel, "--result-json",
+               result_file, *tox_args]
+    tox = subprocess.Popen(command, env=env)
     try:
-        return tox.wait()
+        status = tox.wait()
     except KeyboardInterrupt:
         # Ctrl+C reached tox too (same terminal): let it stop its own
         # environments' processes, then say so in one line.
@@ -95,6 +267,8 @@ def main():
         print("\ntools/test_all.py: interrupted; one environment runs alone with "
               "`python tools/test_all.py -e py311`", file=sys.stderr)
         return 130
+    report(result_file, envs, time.monotonic() - start, log_dir)
+    return status
 
 
 if __name__ == "__main__":

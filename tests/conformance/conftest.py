@@ -63,6 +63,44 @@ def _applies(conditions) -> bool:
 
 EXCLUSIONS = _load_exclusions()
 
+#: SOCKNOTIFY_CONFORMANCE=light (tox.ini sets it on the middle Python
+#: versions, to keep CI's time): only the modules that drive the loop's own
+#: machinery (its selector, sockets, transports, subprocesses and pipes, SSL
+#: over its transports) run. The rest (tasks, task groups, locks, queues,
+#: timeouts, wait_for, to_thread) test asyncio's own code on top of any loop;
+#: they run whole on the oldest and the newest version and on Windows.
+#: Unset or ``full``: every module.
+LIGHT_MODULES = frozenset({
+    "test_cpython_selectors.py", "test_cpython_asyncio_loop.py",
+    "test_cpython_asyncio_streams.py", "test_cpython_asyncio_sslproto.py",
+    "test_cpython_asyncio_subprocess.py", "test_cpython_asyncio_windows_io.py",
+})
+
+
+def _conformance_set() -> str:
+    value = os.environ.get("SOCKNOTIFY_CONFORMANCE", "full")
+    if value not in ("full", "light"):
+        raise pytest.UsageError(
+            f"SOCKNOTIFY_CONFORMANCE={value!r}: expected 'full' or 'light'")
+    return value
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _conformance_set() == "light":
+        terminalreporter.write_line(
+            f"conformance: the light set, {len(LIGHT_MODULES)} modules "
+            "(SOCKNOTIFY_CONFORMANCE=full runs every module)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    name = collection_path.name
+    if (_conformance_set() == "light" and name.startswith("test_cpython_")
+            and name.endswith(".py") and name not in LIGHT_MODULES):
+        # A module named on the command line runs whatever the set.
+        named = {os.path.basename(arg.split("::")[0]) for arg in config.args}
+        return name not in named
+    return None
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
