@@ -333,11 +333,11 @@ def syscall_differences(data: dict) -> list[str]:
                          f"trips: {', '.join(words)}.")
     if lines:
         lines = ["Differences (from the tables above):", ""] + lines + [
-            "", ("On Linux a re-arm costs no system call: the port keeps a selector's "
-            "one-shot registrations level and persistent in epoll and the one-shot rule in its "
-            "table (docs/design.md, lazy re-arms), and an unregister followed by a register of "
-            "the same descriptor is one `epoll_ctl`. System calls cannot be counted this way "
-            "under Wine, where strace "
+            "", ("On Linux each re-arm is one `epoll_ctl` (the selector's registrations "
+            "are one-shot in the kernel, so that an item orphaned by a closed descriptor fires "
+            "at most once: docs/design.md says why and what it costs), so a ping-pong makes "
+            "two system calls per round trip more than asyncio's loop. System calls cannot be "
+            "counted this way under Wine, where strace "
             "sees wineserver traffic, not Windows kernel transitions."), ""]
     return lines
 

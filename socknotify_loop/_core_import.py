@@ -26,9 +26,12 @@ def _not_built_message() -> str:
                 f"Python from another directory to import an installed copy "
                 f"(`pip install .` installs one; from {root}, `python -m` and "
                 f"`python -c` import this source folder instead).")
+    # Not `pip install --force-reinstall socknotify_loop`: the package is not
+    # on PyPI yet, so pip could not find it by name.
     return (f"socknotify_loop's C core (_socknotify) is missing from {_PACKAGE_DIR}: "
-            "the installation is incomplete; reinstall it with "
-            "`pip install --force-reinstall socknotify_loop`.")
+            "the installation is incomplete; reinstall it from the wheel file or "
+            "the checkout it came from with "
+            "`pip install --force-reinstall --no-deps <wheel file or checkout folder>`.")
 
 
 try:
