@@ -16,6 +16,16 @@ ALL_BACKENDS = [
 ]
 
 
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    # pyproject.toml sets pytest-asyncio's option; without that plugin (it is
+    # in the `integrations` extra, not `test`) pytest would warn that the
+    # option is unknown. Declared here only then, so the plugin's own
+    # declaration stands whenever it is installed.
+    if not pluginmanager.hasplugin("asyncio"):
+        parser.addini("asyncio_default_fixture_loop_scope",
+                      "pytest-asyncio's option (pyproject.toml); unused without it")
+
+
 @pytest.fixture(params=ALL_BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """Each backend's name in turn (the unavailable ones skipped)."""

@@ -51,7 +51,7 @@ def need(module: str, package: str | None = None):
         return importlib.import_module(module)
     except ImportError as exc:
         skip_or_fail(f"{package or module} is not installed ({exc}); "
-                     "pip install -e '.[test]'")
+                     "pip install -e '.[test,integrations]'")
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# pyperf is in the `test` extra where uvloop is: Linux CPython.
+# pyperf is in the `test` extra for Linux CPython, where these tests run.
 pytestmark = pytest.mark.skipif(
     sys.platform == "win32" or sys.implementation.name != "cpython",
     reason="the benchmarks' orchestrator is tested on Linux CPython (pyperf in the test extra)")

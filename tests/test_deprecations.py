@@ -17,7 +17,7 @@ import sys
 import textwrap
 
 import pytest
-from servers import child_env
+from servers import child_env, need
 
 import socknotify_loop
 
@@ -98,7 +98,7 @@ def test_pytest_asyncio_hook_with_deprecations_as_errors(tmp_path):
     """docs/switching.md's pytest-asyncio recipe (1.4+), the test run itself
     with DeprecationWarning as an error."""
     from importlib.metadata import version
-    pytest.importorskip("pytest_asyncio")
+    need("pytest_asyncio", "pytest-asyncio")
     found = tuple(int(part) for part in version("pytest-asyncio").split(".")[:2])
     if found < (1, 4):
         pytest.skip(f"pytest-asyncio {found} has no pytest_asyncio_loop_factories hook")

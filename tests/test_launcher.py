@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 import pytest
-from servers import child_env
+from servers import child_env, need
 
 import socknotify_loop
 
@@ -465,7 +465,7 @@ def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
     """Every --loop choice serves on our loop, uvloop's too: `auto` picks
     uvloop whenever it is installed (uvicorn[standard] brings it), and the
     launcher's uvloop makes our loops."""
-    pytest.importorskip("uvicorn")
+    need("uvicorn")
     if loop_option == "uvloop":
         need_uvloop()
     (tmp_path / "app.py").write_text(APP)
@@ -492,12 +492,14 @@ def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
 # -- uvloop and winloop --------------------------------------------------------------------
 
 def need_uvloop() -> None:
-    """uvloop is in the test requirements where it installs (CPython, not
-    Windows); elsewhere its tests skip, naming why."""
+    """uvloop is in the `integrations` extra where it installs (CPython, not
+    Windows); elsewhere its tests skip, naming why. Where it installs but is
+    missing, need() skips naming it (fails when the integrations are
+    required, as in CI)."""
     if importlib.util.find_spec("uvloop") is None:
         if sys.platform == "win32" or sys.implementation.name != "cpython":
             pytest.skip("uvloop exists for CPython on Linux and macOS only")
-        pytest.fail("uvloop is not installed (it is in the test requirements)")
+        need("uvloop")
 
 
 OTHER_LOOP_PROBE = """\

@@ -177,14 +177,31 @@ def test_readme_figures_are_the_benchmark_pages():
         assert _number(mine["this / uvloop"]) == round(quotient, 2), (case, quotient)
 
 
-def _requirement_lines(path: str) -> list:
+# The extras a full run installs, in the order the requirement files list them.
+FULL_RUN_EXTRAS = ("test", "integrations")
+
+
+def _requirement_sections(path: str) -> dict:
+    """A requirement file's lines by section: those before any section
+    header under "runtime", then each under the header above it, a comment
+    line naming an extra (``# test``, ``# integrations``)."""
+    sections: dict = {"runtime": []}
+    current = "runtime"
     with open(path, encoding="utf-8") as f:
-        lines = (line.split("#", 1)[0].strip() for line in f)
-        return [line for line in lines if line]
+        for raw in f:
+            line = raw.strip()
+            if line.startswith("#") and line[1:].strip() in FULL_RUN_EXTRAS:
+                current = line[1:].strip()
+                sections.setdefault(current, [])
+                continue
+            line = line.split("#", 1)[0].strip()
+            if line:
+                sections[current].append(line)
+    return sections
 
 
-def _project_requirements() -> tuple:
-    """pyproject.toml's runtime dependencies and `test` extra."""
+def _project_requirements() -> dict:
+    """pyproject.toml's runtime dependencies ("runtime") and its extras."""
     path = os.path.join(ROOT, "pyproject.toml")
     if not os.path.exists(path):
         pytest.skip("no pyproject.toml beside the tests")
@@ -194,37 +211,50 @@ def _project_requirements() -> tuple:
         tomllib = pytest.importorskip("tomli")
     with open(path, "rb") as f:
         project = tomllib.load(f)["project"]
-    return project["dependencies"], project["optional-dependencies"]["test"]
+    return {"runtime": project["dependencies"], **project["optional-dependencies"]}
 
 
-def test_requirement_files_match_the_test_extra():
-    """The `test` extra is the one list; the requirement files (for installs
-    that do not go through pyproject.toml: tools/check_dist.py, tools/wine)
-    must say the same, the Windows one as the extra applies to Windows CPython."""
+def test_requirement_files_match_the_extras():
+    """The extras are the one list: `test` for the quick run, `integrations`
+    for the libraries the integration and recipe tests exercise. The
+    requirement files (for installs that do not go through pyproject.toml:
+    tools/check_dist.py, tools/wine) are for full runs: they hold the
+    runtime dependencies and both extras, each under a header naming it
+    (``# test``, ``# integrations``), the Windows one as they apply to
+    Windows CPython."""
     from packaging.requirements import Requirement
 
-    runtime, extra = _project_requirements()
-    wanted = [Requirement(r) for r in runtime + extra]
+    project = _project_requirements()
+    assert set(project) == {"runtime", *FULL_RUN_EXTRAS}, \
+        "a new extra: decide whether full runs (the requirement files) install it"
+    wanted = {name: [Requirement(r) for r in project[name]]
+              for name in ("runtime", *FULL_RUN_EXTRAS)}
+    both = {r.name for r in wanted["test"]} & {r.name for r in wanted["integrations"]}
+    assert not both, f"in both the test and the integrations extra: {sorted(both)}"
 
     def normal(requirements):
         return sorted(str(r) for r in requirements)
 
-    linux = [Requirement(r) for r in
-             _requirement_lines(os.path.join(ROOT, "tests", "requirements.txt"))]
-    assert normal(linux) == normal(wanted), \
-        "tests/requirements.txt differs from pyproject.toml's dependencies + [test] extra"
-
     windows_cpython = {"implementation_name": "cpython", "sys_platform": "win32",
                        "os_name": "nt", "platform_system": "Windows"}
-    applying = []
-    for requirement in wanted:
-        if requirement.marker is None or requirement.marker.evaluate(windows_cpython):
-            requirement.marker = None
-            applying.append(requirement)
-    windows = [Requirement(r) for r in
-               _requirement_lines(os.path.join(ROOT, "tests", "requirements-windows.txt"))]
-    assert normal(windows) == normal(applying), \
-        "tests/requirements-windows.txt differs from pyproject.toml's [test] extra on Windows"
+
+    def on_windows(requirements):
+        applying = []
+        for requirement in requirements:
+            if requirement.marker is None or requirement.marker.evaluate(windows_cpython):
+                requirement = Requirement(str(requirement))
+                requirement.marker = None
+                applying.append(requirement)
+        return applying
+
+    for name, select in (("requirements.txt", list), ("requirements-windows.txt", on_windows)):
+        found = _requirement_sections(os.path.join(ROOT, "tests", name))
+        assert list(found) == ["runtime", *FULL_RUN_EXTRAS], \
+            f"tests/{name}: sections {list(found)}, not runtime, then {FULL_RUN_EXTRAS}"
+        for section, lines in found.items():
+            expected = select(wanted[section])
+            assert normal(Requirement(line) for line in lines) == normal(expected), \
+                f"tests/{name}'s {section} section differs from pyproject.toml's"
 
 
 def test_tests_readme_names_every_test_file():

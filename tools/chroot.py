@@ -23,9 +23,10 @@ name, and the local package folders they point to, mounted read-only at
 the same paths), and holds a lock, so two runs never share the mounts.
 
 ``test`` copies the project's tracked files (what a fresh clone has) into
-the tree, installs it with its ``test`` extra into a venv made by that
-Python (``pythonX.Y -m venv``; kept between runs while the test
-requirements are unchanged, the project itself always reinstalled), and
+the tree, installs it with its ``test`` and ``integrations`` extras into a
+venv made by that Python (``pythonX.Y -m venv``; kept between runs while
+the test requirements are unchanged, the project itself always
+reinstalled), and
 runs tox's own two pytest runs there: our suite, then CPython's
 conformance suites. Needs root (chroot, mount), as CI has.
 """
@@ -391,7 +392,7 @@ def _ensure_venv(path: str, version: str, source: str) -> str:
         shutil.rmtree(path + venv)
     log(f"making {venv} with Python {version} and the test requirements")
     _in_tree(path, [f"python{version}", "-m", "venv", venv])
-    _in_tree(path, [f"{venv}/bin/pip", "install", "-q", f"{source}[test]"])
+    _in_tree(path, [f"{venv}/bin/pip", "install", "-q", f"{source}[test,integrations]"])
     with open(key_file, "w", encoding="utf-8") as f:
         f.write(key + "\n")
     return venv
