@@ -1,8 +1,11 @@
 # Only what pyproject.toml cannot say: the cffi module, the limited-API
 # wheel tag, and keeping the cffi builder out of the wheel.
+import os
 import platform
+import shutil
 import sys
 import sysconfig
+import uuid
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
@@ -22,16 +25,36 @@ compiler's error: {reason}"""
 
 
 class build_ext_explained(build_ext):
-    """build_ext whose compiler failures end in one paragraph saying what
-    is missing and how to get it, instead of pip's bare "Failed building
-    wheel" after a compiler traceback."""
+    """build_ext that compiles the core afresh on every build, and whose
+    compiler failures end in one paragraph saying what is missing and how
+    to get it, instead of pip's bare "Failed building wheel" after a
+    compiler traceback.
+
+    Afresh: setuptools skips an extension whose output (build/lib.*, where
+    pip's in-tree builds of `pip install .` leave it) is newer than its .c
+    files, so a second build in the same tree ignored a changed CC or
+    CFLAGS, and a changed header (the headers are not among those files).
+    Here every build compiles every file, into an object folder of its own
+    that is removed afterwards, so nothing compiled by another build is
+    used: the core compiles in seconds."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.force = True
 
     def run(self):
+        # cffi has written the core's generated .c file into the usual
+        # build_temp already (its build_ext runs this one afterwards).
+        usual = self.build_temp
+        self.build_temp = f"{usual}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             super().run()
         except (CCompilerError, ExecError, PlatformError) as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise SystemExit(NO_COMPILER.format(reason=reason)) from exc
+        finally:
+            shutil.rmtree(self.build_temp, ignore_errors=True)
+            self.build_temp = usual
 
 
 class build_py_without_builder(build_py):

@@ -1,6 +1,6 @@
 """Sphinx configuration of the docs site, built from docs/.
 
-    pip install -r docs/requirements.txt . && sphinx-build -W --keep-going docs build/docs
+    pip install -r docs/requirements.txt . && sphinx-build -W --keep-going docs docs/_build
 
 The pages are Markdown (MyST); the home page is the README. The API
 reference (api.md) is autodoc's rendering of the installed package's

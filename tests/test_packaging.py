@@ -91,31 +91,69 @@ def test_api_reference_covers_the_public_names():
         assert name in documented, name
 
 
-@pytest.mark.skipif(sys.version_info[:2] != (3, 11) or not sys.platform.startswith("linux"),
-                    reason="one Python is enough: the build is the same on every one")
-@pytest.mark.timeout(240)
-def test_missing_compiler_is_one_paragraph_naming_the_build_tools(tmp_path):
-    """pip building from source without a working C compiler (CC names
-    none) ends in setup.py's paragraph naming the Build Tools and wheels."""
+def _source_copy(tmp_path) -> str:
+    """The files a build from source needs, copied without any compiled
+    core; skips where no setup.py is beside the tests."""
     if not os.path.exists(os.path.join(ROOT, "setup.py")):
         pytest.skip("no setup.py beside the tests")
     source = tmp_path / "source"
+    os.makedirs(source)
     for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
-        os.makedirs(source, exist_ok=True)
         shutil.copyfile(os.path.join(ROOT, name), str(source / name))
     shutil.copytree(os.path.join(ROOT, "socknotify_loop"), str(source / "socknotify_loop"),
                     ignore=shutil.ignore_patterns("_socknotify*", "__pycache__", "*.so",
                                                   "*.pyd"))
-    env = dict(os.environ, CC="socknotify-no-such-compiler", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w",
-                             str(tmp_path / "out"), str(source)],
-                            capture_output=True, text=True, env=env, timeout=220)
+    return str(source)
+
+
+def _pip_wheel(source: str, out: str, **env: str) -> subprocess.CompletedProcess:
+    """`pip wheel` of ``source`` (an in-tree build: its build/ folder is
+    kept between builds), with ``env`` added to the environment."""
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", **env)
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", out, source],
+                          capture_output=True, text=True, env=env, timeout=220)
+
+
+build_once = pytest.mark.skipif(
+    sys.version_info[:2] != (3, 11) or not sys.platform.startswith("linux"),
+    reason="one Python is enough: the build is the same on every one")
+
+
+@build_once
+@pytest.mark.timeout(240)
+def test_missing_compiler_is_one_paragraph_naming_the_build_tools(tmp_path):
+    """pip building from source without a working C compiler (CC names
+    none) ends in setup.py's paragraph naming the Build Tools and wheels."""
+    source = _source_copy(tmp_path)
+    result = _pip_wheel(source, str(tmp_path / "out"), CC="socknotify-no-such-compiler")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "its C core could not be compiled" in output, output
     assert "Build Tools for Visual" in output and "win_amd64.whl" in output, output
     assert "socknotify-no-such-compiler" in output, output
     assert not os.path.exists(str(tmp_path / "out")) or not os.listdir(str(tmp_path / "out"))
+
+
+@build_once
+@pytest.mark.timeout(300)
+def test_rebuild_in_the_same_tree_uses_the_compiler_asked_for(tmp_path):
+    """A second `pip install .` / `pip wheel .` in a tree an earlier build
+    left build/ in compiles again with the CC it is given (setuptools would
+    skip the core as up to date and ship the first build's), and leaves no
+    object folder behind."""
+    source = _source_copy(tmp_path)
+    first = _pip_wheel(source, str(tmp_path / "first"))
+    assert first.returncode == 0, first.stdout + first.stderr
+    build = os.path.join(source, "build")
+    assert os.path.isdir(build), "the build was not in the tree: nothing to test"
+    second = _pip_wheel(source, str(tmp_path / "second"), CC="socknotify-no-such-compiler")
+    output = second.stdout + second.stderr
+    assert second.returncode != 0, "the rebuild did not run the compiler CC names:\n" + output
+    assert "socknotify-no-such-compiler" in output, output
+    leftovers = [os.path.relpath(os.path.join(folder, name), build)
+                 for folder, _, names in os.walk(build)
+                 for name in names if name.endswith((".o", ".obj"))]
+    assert not leftovers, f"{len(leftovers)} object files left in build/, {leftovers[:2]}..."
 
 
 # The README's figures table row -> the row of docs/benchmarks.md's Linux
