@@ -1,6 +1,12 @@
-"""Fixtures shared by the test modules (tests/conformance has its own)."""
+"""Fixtures shared by the test modules (tests/conformance has its own), and
+the line every run ends with, its skips counted by why (_skips.py); the
+conformance runs get it too, this file being loaded for everything under
+tests/."""
 from __future__ import annotations
 
+from typing import Generator
+
+import _skips
 import pytest
 import servers
 
@@ -36,3 +42,17 @@ def backend(request: pytest.FixtureRequest) -> str:
 # the addresses tools/wine (or the developer) put in the environment.
 pg_dsn = servers.server_fixture(servers.PG_DSN_VAR, servers.postgres_server, "PostgreSQL")
 redis_url = servers.server_fixture(servers.REDIS_URL_VAR, servers.redis_server, "Redis")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(
+        terminalreporter: pytest.TerminalReporter) -> Generator[None, None, None]:
+    """After pytest's own summaries (`-rs` lists each skip) and right before
+    its last line ("315 passed, 240 skipped in ..."), one line saying why the
+    tests were skipped, by kind: `skipped 240: 180 Windows only, ...`."""
+    yield
+    reports = [report for report in terminalreporter.stats.get("skipped", [])
+               if getattr(report, "count_towards_summary", True)]
+    line = _skips.summary_line(_skips.skip_reason(report.longrepr) for report in reports)
+    if line:
+        terminalreporter.write_line(line)
