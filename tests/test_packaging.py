@@ -106,12 +106,13 @@ def _source_copy(tmp_path) -> str:
     return str(source)
 
 
-def _pip_wheel(source: str, out: str, **env: str) -> subprocess.CompletedProcess:
+def _pip_wheel(source: str, out: str, timeout: float = 220,
+               **env: str) -> subprocess.CompletedProcess:
     """`pip wheel` of ``source`` (an in-tree build: its build/ folder is
     kept between builds), with ``env`` added to the environment."""
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", **env)
     return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", out, source],
-                          capture_output=True, text=True, env=env, timeout=220)
+                          capture_output=True, text=True, env=env, timeout=timeout)
 
 
 build_once = pytest.mark.skipif(
@@ -142,11 +143,12 @@ def test_rebuild_in_the_same_tree_uses_the_compiler_asked_for(tmp_path):
     skip the core as up to date and ship the first build's), and leaves no
     object folder behind."""
     source = _source_copy(tmp_path)
-    first = _pip_wheel(source, str(tmp_path / "first"))
+    first = _pip_wheel(source, str(tmp_path / "first"), timeout=140)
     assert first.returncode == 0, first.stdout + first.stderr
     build = os.path.join(source, "build")
     assert os.path.isdir(build), "the build was not in the tree: nothing to test"
-    second = _pip_wheel(source, str(tmp_path / "second"), CC="socknotify-no-such-compiler")
+    second = _pip_wheel(source, str(tmp_path / "second"), timeout=140,
+                        CC="socknotify-no-such-compiler")
     output = second.stdout + second.stderr
     assert second.returncode != 0, "the rebuild did not run the compiler CC names:\n" + output
     assert "socknotify-no-such-compiler" in output, output
