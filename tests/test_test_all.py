@@ -38,8 +38,9 @@ def test_order_keeps_unknown_environments_at_the_end(tool):
         "wine313", "py311", "lint", "custom"]
 
 
-def test_chroot_versions_start_in_the_order_tox_runs_them(tool):
-    # py315 depends on py314 in tox.ini (one chroot, one lock).
+def test_the_chroot_maker_starts_before_the_other_chroot_version(tool):
+    # The first of the two to run on a new machine makes the chroot (about
+    # 4 minutes) while the other waits for it: the maker goes first.
     order = tool.ordered(tool.envlist())
     assert order.index("py314") < order.index("py315")
 

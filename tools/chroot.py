@@ -20,7 +20,10 @@ Each run bind-mounts /proc, /sys and /dev into the tree (as slaves, so
 nothing done inside propagates back), copies the host's DNS and pip
 configuration in (pip.conf files, PIP_* variables, the CA bundle they
 name, and the local package folders they point to, mounted read-only at
-the same paths), and holds a lock, so two runs never share the mounts.
+the same paths). Runs for the two Pythons may overlap (CI runs them side
+by side): each holds its version's lock (its venv and its copy of the
+project are its own), and the mounts are shared, made by the first run in
+and removed by the last one out.
 
 ``test`` copies the project's tracked files (what a fresh clone has) into
 the tree, installs it with its ``test`` and ``integrations`` extras into a
@@ -161,16 +164,24 @@ def _apt_install_on_host(package: str) -> None:
 
 
 def ensure(extra: List[str] = ()) -> str:
-    """The chroot's path, made or brought up to date (PACKAGES + extra)."""
+    """The chroot's path, made or brought up to date (PACKAGES + extra).
+
+    Under a lock of its own: two runs starting at once on a new machine
+    make the tree once, the second finding it made."""
     _require_root("making the chroot")
     path = tree()
-    wanted = sorted(set(PACKAGES) | set(extra))
+    os.makedirs(cache_dir(), exist_ok=True)
+    with _flock(path + ".make.lock", fcntl.LOCK_EX):
+        return _ensure(path, sorted(set(PACKAGES) | set(extra)))
+
+
+def _ensure(path: str, wanted: List[str]) -> str:
     stamp = _stamp(path)
     if stamp is not None and stamp.get("suite") == SUITE:
         missing = sorted(set(wanted) - set(stamp.get("packages", [])))
         if missing:
             log(f"installing {' '.join(missing)} into {path}")
-            with _locked(path), _mounted(path):
+            with _mounted(path):
                 _in_tree(path, ["apt-get", "-o", "DPkg::Lock::Timeout=900", "update", "-qq"])
                 _in_tree(path, ["apt-get", "install", "-y", "-qq", "--no-install-recommends",
                                 *missing])
@@ -183,7 +194,6 @@ def ensure(extra: List[str] = ()) -> str:
         log("installing mmdebstrap")
         _apt_install_on_host("mmdebstrap")
     source = mirror()
-    os.makedirs(cache_dir(), exist_ok=True)
     partial = path + ".partial"
     if os.path.exists(partial):
         shutil.rmtree(partial)
@@ -201,14 +211,31 @@ def ensure(extra: List[str] = ()) -> str:
 # -- running inside it ------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """One run at a time per chroot: runs share its mounts and venvs."""
-    with open(path + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def _flock(name: str, how: int) -> Iterator[None]:
+    with open(name, "w") as lock:
+        fcntl.flock(lock, how)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _locked(path: str, version: Optional[str]) -> contextlib.AbstractContextManager[None]:
+    """One run at a time per Python: a run owns that version's venv and its
+    copy of the project. A run in no venv takes the lock of no version."""
+    return _flock(f"{path}.lock-{version or 'none'}", fcntl.LOCK_EX)
+
+
+def _mounts_below(path: str) -> List[str]:
+    """The mount points inside the tree, as the kernel lists them."""
+    prefix = path.rstrip("/") + "/"
+    targets = []
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        for line in f:
+            target = line.split()[1].replace("\\040", " ")
+            if target.startswith(prefix):
+                targets.append(target)
+    return targets
 
 
 def _pip_config_files() -> List[str]:
@@ -265,14 +292,51 @@ def _copy_in(source: str, target: str) -> None:
 @contextlib.contextmanager
 def _mounted(path: str) -> Iterator[None]:
     """/proc, /sys, /dev and pip's local folders mounted in, DNS and pip's
-    configuration copied in; everything unmounted on the way out."""
+    configuration copied in, for as long as any run inside needs them.
+
+    Every run holds a shared lock on ``<tree>.users`` while it is inside;
+    the mounts are made and removed under the exclusive ``<tree>.mount.lock``,
+    by the first run in and by the last one out (the one that can take the
+    users' lock exclusively once its own shared hold is gone). A run ended
+    without unmounting (killed) leaves the mounts to the next one, which
+    finds them in place."""
+    users = open(path + ".users", "w")
+    try:
+        with _flock(path + ".mount.lock", fcntl.LOCK_EX):
+            fcntl.flock(users, fcntl.LOCK_SH)
+            if not os.path.ismount(os.path.join(path, "proc")):
+                _mount(path)
+        try:
+            yield
+        finally:
+            with _flock(path + ".mount.lock", fcntl.LOCK_EX):
+                fcntl.flock(users, fcntl.LOCK_UN)
+                try:
+                    fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass        # another run is inside: it unmounts
+                else:
+                    _unmount(path)
+                    fcntl.flock(users, fcntl.LOCK_UN)
+    finally:
+        users.close()
+
+
+def _unmount(path: str) -> None:
+    for target in reversed(_mounts_below(path)):
+        # Busy (a process started inside still runs): detached lazily,
+        # so no mount outlives the run.
+        if subprocess.call(["umount", "-R", target], stderr=subprocess.DEVNULL) != 0:
+            subprocess.call(["umount", "-R", "-l", target], stderr=subprocess.DEVNULL)
+
+
+def _mount(path: str) -> None:
     for name in ("etc/resolv.conf", "etc/hosts"):
         source = os.path.join("/", name)
         if os.path.isfile(source):
             _copy_in(source, os.path.join(path, name))
     for config in _pip_config_files():
         _copy_in(config, path + config)
-    mounts: List[str] = []
     folders: List[str] = []
     for local in _local_paths(_pip_settings()):
         target = path + local
@@ -285,22 +349,16 @@ def _mounted(path: str) -> Iterator[None]:
                           ("dev", ["--rbind", "/dev"])):
             target = os.path.join(path, name)
             subprocess.check_call(["mount", *how, target])
-            mounts.append(target)
             if how[0] == "--rbind":
                 subprocess.check_call(["mount", "--make-rslave", target])
         for folder in folders:
             target = path + folder
             os.makedirs(target, exist_ok=True)
             subprocess.check_call(["mount", "--bind", folder, target])
-            mounts.append(target)
             subprocess.check_call(["mount", "-o", "remount,bind,ro", target])
-        yield
-    finally:
-        for target in reversed(mounts):
-            # Busy (a process started inside still runs): detached lazily,
-            # so no mount outlives the run.
-            if subprocess.call(["umount", "-R", target]) != 0:
-                subprocess.call(["umount", "-R", "-l", target])
+    except BaseException:
+        _unmount(path)
+        raise
 
 
 def _environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -404,7 +462,7 @@ def test(version: str, pytest_args: List[str]) -> int:
     if version not in PYTHONS:
         sys.exit(f"tools/chroot.py: Python {version} is not in the chroot ({PYTHONS})")
     path = ensure()
-    with _locked(path), _mounted(path):
+    with _locked(path, version), _mounted(path):
         source = _copy_project(path, version)
         venv = _ensure_venv(path, version, source)
         env = {"SOCKNOTIFY_EXPECT_INSTALLED": "1", "VIRTUAL_ENV": venv,
@@ -428,7 +486,7 @@ def run(argv: List[str], version: Optional[str], fresh: bool = False,
     version's venv when given; with ``fresh``, from a new copy of the
     project, installed into that venv first."""
     path = ensure(extra)
-    with _locked(path), _mounted(path):
+    with _locked(path, version), _mounted(path):
         env = {}
         cwd = "/root"
         if version:

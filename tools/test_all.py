@@ -12,8 +12,8 @@ What it does, in order:
    mingw-w64, mmdebstrap for the CPython 3.14/3.15 chroot. Environments
    that would otherwise each run apt themselves find everything there.
 3. Runs tox's environments side by side (``tox -p``), the longest first:
-   the two Wine suites, then the chroot's CPython 3.14/3.15 (3.15 after 3.14,
-   which makes the chroot and shares its lock), then the rest. On a
+   the two Wine suites, then the chroot's CPython 3.14 (which makes the
+   chroot on a new machine) before 3.15, then the rest. On a
    two-core machine three at a time keeps both cores busy: the suites wait
    on sockets, timers, child processes and package downloads much of the
    time.
