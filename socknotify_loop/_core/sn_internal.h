@@ -109,26 +109,6 @@ typedef struct sn_backend_ops {
    port layer keeps each record as it was and reports the call's error. */
 #define SN_RESULT_UNAPPLIED 0xFFFFFFFFu
 
-/* A registration record: one per registered socket. */
-typedef struct sn_record {
-    uint64_t socket;
-    uint64_t user_key;
-    uint32_t generation;  /* bumped each time the record number is freed */
-    uint16_t events;      /* the event filter of the last ENABLE */
-    uint8_t  trigger;     /* the trigger flags of the last ENABLE */
-    uint8_t  state;       /* SN_RECORD_* */
-    uint8_t  delivered;   /* one-shot, delivered, waiting for a REARM call */
-    uint8_t  in_kernel;   /* enabled in the kernel (and not disabled since) */
-    uint8_t  disabled;    /* DISABLE applied (or on its way): nothing is
-                             reported until the next ENABLE */
-    uint8_t  quiet;       /* REMOVING: its REMOVE event is not reported */
-    uint8_t  reborn;      /* REMOVING: an ENABLE waits for the REMOVE event
-                             (SN_CAP_KEY_FIXED), with the fields below */
-    uint8_t  next_trigger;
-    uint16_t next_events;
-    uint64_t next_key;
-} sn_record_t;
-
 /* Set by the port layer in a kernel registration's trigger (never by a
    caller: outside SN_TRIGGER_*): the registration is already in the
    kernel, so ENABLE must modify it and fail if the kernel no longer has
@@ -151,12 +131,6 @@ typedef struct sn_record {
 #define SN_TRIGGER_INTERNAL \
     (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET | SN_TRIGGER_REARM | SN_TRIGGER_ADD)
 
-enum {
-    SN_RECORD_FREE = 0,
-    SN_RECORD_LIVE = 1,      /* registered with the kernel (armed or not) */
-    SN_RECORD_REMOVING = 2,  /* OP_REMOVE accepted; waiting for the REMOVE event */
-};
-
 struct sn_port {
     const sn_backend_ops_t *ops;
     void *impl;                 /* backend state */
@@ -169,7 +143,7 @@ struct sn_port {
     volatile long selecting;    /* a thread is inside sn_port_select() */
 
     sn_mutex_t lock;            /* guards everything below */
-    sn_record_t *records;       /* record number -> record */
+    struct sn_record *records;  /* record number -> record (sn_record.h) */
     uint32_t records_cap;
     uint32_t *free_recnos;      /* stack of free record numbers */
     uint32_t free_count;

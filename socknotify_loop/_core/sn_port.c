@@ -148,7 +148,7 @@ static void sn__remove_all(sn_port_t *port) {
         return;
     for (recno = 0; recno < port->records_cap && n < port->live_count; recno++) {
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_RECORD_LIVE)
+        if (!sn__rec_live(record))
             continue;
         regs[n].socket = record->socket;
         regs[n].key = SN_KERNEL_KEY(recno, record->generation);

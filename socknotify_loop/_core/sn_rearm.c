@@ -77,7 +77,8 @@ uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs,
     for (i = 0; i < port->deferred_count; i++) {
         uint32_t recno = port->deferred_recnos[i];
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_RECORD_LIVE || record->in_kernel || record->disabled)
+        if (!(SN_REC_BIT(record->state) &
+              (SN_REC_BIT(SN_REC_ENABLED) | SN_REC_BIT(SN_REC_FIRED))) || record->in_kernel)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
         /* A fresh registration under the new key. */
         sn__own_enable(record, recno, (uint8_t)(record->trigger | SN_TRIGGER_ADD),

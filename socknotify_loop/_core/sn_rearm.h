@@ -48,7 +48,7 @@ SN_INLINE void sn__own_enable(const sn_record_t *record, uint32_t recno, uint8_t
     memo->recno = recno;
     memo->skip = 0;
     memo->kind = kind;
-    memo->waits = 0;
+    memo->waits = SN_WAITS_NONE;
 }
 
 /* The port's own re-arms (SN_PROCESS_REARM): an ENABLE, with the filter
@@ -62,12 +62,14 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
     for (i = 0; i < port->rearm_count; i++) {
         uint32_t recno = port->rearm_recnos[i];
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_RECORD_LIVE || !record->delivered)
-            continue;   /* removed or re-enabled by its owner meanwhile */
-        record->delivered = 0;
+        if (record->state != SN_REC_FIRED)
+            continue;   /* removed, disabled or re-enabled by its owner meanwhile */
+        sn__rec_rearm(record);
         /* A re-arm renews what the kernel has: if the descriptor was
            closed meanwhile, it must fail, not arm whatever file took the
-           number (the failure retires the record silently). */
+           number. The failure reaches nobody at once (sn__settle keeps
+           the record, ENABLED with nothing armed): the owner's next
+           change meets the same error and retires it. */
         sn__own_enable(record, recno,
                        (uint8_t)(record->trigger | SN_TRIGGER_REARM |
                                  (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY

@@ -82,7 +82,7 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         if (recno >= port->records_cap)
             continue;
         record = &port->records[recno];
-        if (record->state == SN_RECORD_FREE ||
+        if (record->state == SN_REC_FREE ||
             record->generation != SN_KEY_GENERATION(ev->key)) {
             /* Stale: queued for a registration since retired, or the
                one report of a one-shot item whose descriptor was closed
@@ -91,31 +91,34 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
             continue;
         }
         if (ev->events & SN_EVENT_REMOVE) {
-            if (record->state != SN_RECORD_REMOVING && (port->ops->caps & SN_CAP_KEY_FIXED))
-                continue;   /* not ours to end: no REMOVE was applied */
+            /* Input from outside: a REMOVE event ends only a removal the
+               port applied; any other is not ours (the kernel's own, for
+               a registration the port never removed) and is dropped. */
+            if (!sn__rec_removing(record))
+                continue;
             if (sink->notes != NULL && !record->quiet) {
                 sink->notes[sink->n].key = record->user_key;
                 sink->notes[sink->n].events = SN_EVENT_REMOVE;
                 sink->n++;
             }
-            if (record->reborn)
+            if (record->state == SN_REC_REKEYING)
                 sn__rebirth(port, recno);
             else
                 sn__record_retire(port, recno);
             continue;
         }
-        /* Queued before a DISABLE or REMOVE ("might still be delivered"):
-           the caller asked for nothing more. */
-        if (record->disabled ||
-            (record->state == SN_RECORD_REMOVING && (port->ops->caps & SN_CAP_KEY_FIXED)))
+        /* Queued before a DISABLE or REMOVE ("might still be delivered"),
+           or dequeued by another thread's wait before it: the caller asked
+           for nothing more. */
+        if (record->state >= SN_REC_DISABLED)
             continue;
         /* A one-shot delivery disarmed the registration in the kernel,
            whatever we make of it: note it for the next re-arm even if
            nothing in it is reported (the kernel may deliver a condition
            outside the filter, such as an error). */
         if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
-            !record->delivered && sn__rearm_push(port, recno))
-            record->delivered = 1;
+            record->state == SN_REC_ENABLED && sn__rearm_push(port, recno))
+            sn__rec_fire(record);
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
             if (wanted == 0)
@@ -405,7 +408,7 @@ int sn__run_quick(sn_port_t *port, int64_t *timeout_ms, sn_kevent_t *events,
         port->ops->process(port, kregs, n, 0, events, 0, &got, &dropped);
         while (n-- > 0)
             if (kregs[n].result == 0)
-                port->records[memos[n].recno].in_kernel = 1;
+                sn__rec_held(&port->records[memos[n].recno], 1);
     }
     sn_mutex_unlock(&port->lock);
 
