@@ -131,6 +131,33 @@ typedef struct sn_backend_ops {
 #define SN_TRIGGER_INTERNAL \
     (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET | SN_TRIGGER_REARM | SN_TRIGGER_ADD)
 
+/* ProcessSocketNotifications' rules for the trigger of an ENABLE, written
+   once for the port layer (sn_translate.c) and the AFD polyfill (sn_afd.c),
+   each of which answers in its own error codes: 0 for a valid trigger
+   whose flags are all in `honoured`; SN_TRIGGER_VERDICT_INVALID for one
+   with unknown bits, ONESHOT with PERSISTENT, LEVEL with EDGE, or neither
+   LEVEL nor EDGE ("one of SOCK_NOTIFY_TRIGGER_LEVEL or
+   SOCK_NOTIFY_TRIGGER_EDGE must be supplied"); SN_TRIGGER_VERDICT_UNSUPPORTED
+   for a valid one that asks for what the backend cannot do. (port.py's
+   Registration checks the unknown bits and the exclusive pairs when it is
+   made, so that such a mistake raises ValueError, with its reason, at the
+   line that made it; the rules here stay the authority, for whatever
+   reaches the core, and answer in the registration's result.) */
+enum { SN_TRIGGER_VERDICT_INVALID = 1, SN_TRIGGER_VERDICT_UNSUPPORTED = 2 };
+#define SN_TRIGGER_ALL \
+    (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE)
+SN_INLINE int sn__trigger_verdict(unsigned trigger, unsigned honoured) {
+    unsigned persistence = trigger & (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT);
+    unsigned level = trigger & (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE);
+    if ((trigger & ~(unsigned)SN_TRIGGER_ALL) != 0 ||
+        persistence == (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT) ||
+        level == (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE) || level == 0)
+        return SN_TRIGGER_VERDICT_INVALID;
+    if (trigger & ~honoured)
+        return SN_TRIGGER_VERDICT_UNSUPPORTED;
+    return 0;
+}
+
 struct sn_port {
     const sn_backend_ops_t *ops;
     void *impl;                 /* backend state */

@@ -61,21 +61,14 @@
 #include "sn_table.h"
 
 static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
-    int persistence = trigger & (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT);
-    int level = trigger & (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE);
-    if (trigger & ~(SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT |
-                    SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE))
-        return SN_ERROR_INVALID;
-    if (persistence == (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT) ||
-        level == (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE))
-        return SN_ERROR_INVALID;
-    /* ProcessSocketNotifications: "one of SOCK_NOTIFY_TRIGGER_LEVEL or
-       SOCK_NOTIFY_TRIGGER_EDGE must be supplied" with ENABLE. */
-    if (level == 0)
-        return SN_ERROR_INVALID;
-    if (trigger & ~ops->triggers)
+    switch (sn__trigger_verdict(trigger, (unsigned)ops->triggers)) {
+    case 0:
+        return 0;
+    case SN_TRIGGER_VERDICT_UNSUPPORTED:
         return SN_ERROR_NOT_SUPPORTED;
-    return 0;
+    default:
+        return SN_ERROR_INVALID;
+    }
 }
 
 /* Translate the caller's registrations into kernel ones (lock held).
