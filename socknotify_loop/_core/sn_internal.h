@@ -1,7 +1,9 @@
 /*
  * sn_internal.h -- what the portable port layer and the backends share:
- * the backend contract (sn_backend_ops_t), the port struct, the record,
- * kernel keys. cffi never sees this file.
+ * the backend contract (sn_backend_ops_t), the part of the port a backend
+ * sees (struct sn_port), kernel keys. The port layer's own part of the
+ * port is in sn_layer.h, its records in sn_record.h: no backend includes
+ * them. cffi never sees this file.
  *
  * Division of labour:
  *   port layer  owns the registration table: caller key <-> kernel key, the
@@ -24,6 +26,8 @@
  *                   check, counters, the OS handle
  *   sn_backends.c   the backend registry and queries, the error codes, the
  *                   raw calls where the OS has none
+ *   sn_layer.h      the port layer's part of the port (sn_layer_t)
+ *   sn_record.h     a record's states and its one function per transition
  *   sn_table.c/.h   records, their record numbers and generations, the
  *                   socket index
  *   sn_hash.c/.h    socket -> value, the core's one hash table (also the AFD
@@ -158,6 +162,11 @@ SN_INLINE int sn__trigger_verdict(unsigned trigger, unsigned honoured) {
     return 0;
 }
 
+/* The part of a port that every file sees, the backends included: the
+   backend's table and state, the life cycle, the counters. The port
+   layer's own part (its table of records, the re-arm and deferred lists,
+   the selector's buffers) follows it in sn_layer_t (sn_layer.h), which no
+   backend includes. */
 struct sn_port {
     const sn_backend_ops_t *ops;
     void *impl;                 /* backend state */
@@ -167,43 +176,6 @@ struct sn_port {
     volatile long closing;      /* set once by sn_port_close() */
     volatile long closed;       /* OS resources released */
     unsigned long fork_generation;  /* sn_fork_generation() at open */
-    volatile long selecting;    /* a thread is inside sn_port_select() */
-
-    sn_mutex_t lock;            /* guards everything below */
-    struct sn_record *records;  /* record number -> record (sn_record.h) */
-    uint32_t records_cap;
-    uint32_t *free_recnos;      /* stack of free record numbers */
-    uint32_t free_count;
-    uint32_t live_count;
-    /* socket -> record number + 1 (sn_hash.h): every record not FREE. */
-    sn_hash_t index;
-    /* Delivered one-shot registrations awaiting an SN_PROCESS_REARM call;
-       tracked once such a call has been made (rearm_mode). */
-    uint32_t *rearm_recnos;
-    uint32_t rearm_count;
-    uint32_t rearm_cap;
-    int rearm_mode;
-    /* Records reborn after their REMOVE event (SN_CAP_KEY_FIXED): their
-       waiting ENABLE goes to the kernel in the next call. */
-    uint32_t *deferred_recnos;
-    uint32_t deferred_count;
-    uint32_t deferred_cap;
-    /* The count of bound changes the last select carried (sn_port_select_changes). */
-    uint32_t last_select_count;
-
-    /* The selector's buffers (sn_port_bind), owned by the caller. */
-    sn_registration_t *bound_changes;
-    uint32_t bound_changes_cap;
-    uint64_t *bound_out;
-    uint32_t bound_out_cap;
-    sn_kevent_t *bound_events;  /* ours: the kernel events of a select */
-    /* The select path's kernel registrations and their bookkeeping when
-       they do not fit on the stack (sn__run), grown once and kept: one
-       thread selects at a time (`selecting`), and a busy loop re-arms
-       more than a stack's worth of sockets on every select. */
-    sn_registration_t *select_kregs;
-    void *select_memos;         /* sn_memo_t[] (sn_run.h) */
-    uint32_t select_scratch_cap;
 
     /* Kernel calls made for this port (SN_COUNT_*). */
     volatile uint64_t counters[SN_COUNTERS];

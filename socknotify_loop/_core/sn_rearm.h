@@ -20,7 +20,7 @@ int sn__recnos_grow_push(uint32_t **recnos, uint32_t *count, uint32_t *cap,
    call. Returns 0 if there is no memory, in which case the caller simply
    does not get that registration re-armed for it (as without the flag).
    Inline, as every re-arm of a busy selector passes here. */
-SN_INLINE int sn__rearm_push(sn_port_t *port, uint32_t recno) {
+SN_INLINE int sn__rearm_push(sn_layer_t *port, uint32_t recno) {
     if (port->rearm_count < port->rearm_cap) {
         port->rearm_recnos[port->rearm_count++] = recno;
         return 1;
@@ -31,7 +31,7 @@ SN_INLINE int sn__rearm_push(sn_port_t *port, uint32_t recno) {
 
 /* Note a reborn record (sn__rebirth) whose ENABLE goes to the kernel with
    the next call. Returns 0, the list unchanged, if there is no memory. */
-int sn__deferred_push(sn_port_t *port, uint32_t recno);
+int sn__deferred_push(sn_layer_t *port, uint32_t recno);
 
 /* One ENABLE of the port's own for record `recno`, under its current
    kernel key and with its last filter, written into *kreg and *memo: what
@@ -56,7 +56,7 @@ SN_INLINE void sn__own_enable(const sn_record_t *record, uint32_t recno, uint8_t
    registration delivered since the last such call and still live. Written
    into kregs after the caller's changes; returns how many. Inline: a busy
    selector re-arms at every select. */
-SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
+SN_INLINE uint32_t sn__prepare_rearms(sn_layer_t *port, sn_registration_t *kregs,
                                      sn_memo_t *memos) {
     uint32_t i, n = 0;
     for (i = 0; i < port->rearm_count; i++) {
@@ -83,7 +83,7 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
 
 
 /* The deferred ENABLEs, written into kregs/memos; returns how many. */
-uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs, sn_memo_t *memos);
+uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs, sn_memo_t *memos);
 
 /* A deferred ENABLE that failed (memo kind SN_MEMO_DEFERRED_FAILED, its
    kreg holding the owner's key and filter): its owner, told it
@@ -92,6 +92,6 @@ void sn__report_deferred_failures(const sn_registration_t *kregs, const sn_memo_
                                   uint32_t from, uint32_t count, sn_sink_t *sink);
 
 /* Release both lists (the port is closing; no thread inside). */
-void sn__rearm_free(sn_port_t *port);
+void sn__rearm_free(sn_layer_t *port);
 
 #endif /* SN_REARM_H */

@@ -39,7 +39,7 @@
 #ifndef SN_RECORD_H
 #define SN_RECORD_H
 
-#include "sn_internal.h"
+#include "sn_layer.h"
 
 /* The states of a record. The first three are "live": the registration is
    the caller's, and changes to it are accepted. */

@@ -57,7 +57,7 @@
 
 /* Turn kernel events into the sink's form (lock held). Returns how many
    were reported or, for select(), made the call return (a wake-up). */
-static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
+static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
                             uint32_t count, sn_sink_t *sink) {
     uint32_t i, before = sink->n + sink->io + (uint32_t)sink->woken;
     for (i = 0; i < count; i++) {
@@ -168,7 +168,7 @@ static void sn__scratch_init(sn_scratch_t *s, int selecting) {
 
 /* Make the scratch hold `total` (lock held). 0, or SN_ERROR_NO_MEMORY with
    the scratch as it was. */
-static int sn__scratch_fit(sn_port_t *port, sn_scratch_t *s, uint32_t total) {
+static int sn__scratch_fit(sn_layer_t *port, sn_scratch_t *s, uint32_t total) {
     sn_registration_t *kregs;
     sn_memo_t *memos;
     if (total <= s->cap)
@@ -219,11 +219,11 @@ static void sn__scratch_release(sn_scratch_t *s) {
    registered the reused number would re-key the new registration to a
    dead key. The first `callers` are the caller's `regs`. Returns how many
    of the caller's ENABLEs failed. */
-static uint32_t sn__apply_at_once(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                                   sn_registration_t *kregs, sn_memo_t *memos,
                                   uint32_t callers, uint32_t total, sn_kevent_t *events) {
     uint32_t got = 0, dropped = 0, i, refused = 0;
-    int call_error = port->ops->process(port, kregs, total, 0, events, 0, &got, &dropped);
+    int call_error = port->base.ops->process(&port->base, kregs, total, 0, events, 0, &got, &dropped);
     sn__settle(port, flags, regs, kregs, memos, callers, total, call_error);
     for (i = 0; i < callers; i++)
         refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
@@ -235,7 +235,7 @@ static uint32_t sn__apply_at_once(sn_port_t *port, uint32_t flags, sn_registrati
    scratch; applied and settled at once where the backend does so. Sets
    *total to what the wait still has to apply and *refused to how many of
    the caller's ENABLEs failed already. */
-static int sn__run_prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                            uint32_t count, sn_scratch_t *s, sn_kevent_t *events,
                            uint32_t *total, uint32_t *refused) {
     uint32_t internal = 0;
@@ -253,7 +253,7 @@ static int sn__run_prepare(sn_port_t *port, uint32_t flags, sn_registration_t *r
         internal += sn__prepare_deferred(port, s->kregs + count + internal,
                                          s->memos + count + internal);
     *total = count + internal;
-    if (*total != 0 && (port->ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
+    if (*total != 0 && (port->base.ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
         *refused += sn__apply_at_once(port, flags, regs, s->kregs, s->memos, count, *total,
                                       events);
         *total = 0;
@@ -269,7 +269,7 @@ static int sn__run_prepare(sn_port_t *port, uint32_t flags, sn_registration_t *r
    to apply the ENABLEs that waited for a REMOVE event it dequeued
    (`deferred`, once: `*rounds`). A timed wait goes on for the time left,
    written to *timeout_ms from `deadline`. */
-static int sn__wait_again(sn_port_t *port, int err, uint32_t reported, uint32_t got,
+static int sn__wait_again(sn_layer_t *port, int err, uint32_t reported, uint32_t got,
                           uint32_t dropped, int deferred, uint32_t *rounds,
                           int64_t deadline, int64_t *timeout_ms) {
     if (err != 0 || reported != 0)
@@ -280,7 +280,7 @@ static int sn__wait_again(sn_port_t *port, int err, uint32_t reported, uint32_t 
     } else if (got == 0 && dropped == 0) {
         return 0;        /* timed out, or interrupted */
     }
-    if (sn_atomic_load(&port->closing))
+    if (sn_atomic_load(&port->base.closing))
         return 0;        /* woken by close() */
     if (*timeout_ms > 0) {
         *timeout_ms = sn_time_left(deadline);
@@ -293,7 +293,7 @@ static int sn__wait_again(sn_port_t *port, int err, uint32_t reported, uint32_t 
 /* The one routine behind sn_port_process() and sn_port_select(): apply
    re-arms and changes, wait, translate; wait again for the time left while
    everything dequeued was dropped. The caller has entered the port. */
-int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             uint32_t count, int64_t timeout_ms, uint32_t max_events,
             sn_kevent_t *given_events, sn_sink_t *sink) {
     sn_scratch_t scratch;
@@ -327,7 +327,7 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     for (;;) {
         uint32_t got = 0, dropped = 0, reported = 0;
         int deferred = 0;
-        err = port->ops->process(port, scratch.kregs, total, timeout_ms,
+        err = port->base.ops->process(&port->base, scratch.kregs, total, timeout_ms,
                                  events, max_events, &got, &dropped);
         if (total != 0 || got != 0) {
             sn_mutex_lock(&port->lock);
@@ -361,18 +361,19 @@ out:
     return err;
 }
 
-int sn_port_process(sn_port_t *port, uint32_t flags,
+int sn_port_process(sn_port_t *handle, uint32_t flags,
                     sn_registration_t *registrations, uint32_t count,
                     double timeout_ms,
                     sn_notification_t *notifications, uint32_t max_notifications,
                     uint32_t *received) {
+    sn_layer_t *port = sn__layer(handle);
     sn_sink_t sink;
     int err;
 
     *received = 0;
     if (flags & ~(uint32_t)(SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE))
         return SN_ERROR_INVALID;
-    if ((err = sn__enter(port)) != 0)
+    if ((err = sn__enter(&port->base)) != 0)
         return err;
     memset(&sink, 0, sizeof sink);
     sink.notes = notifications;
@@ -384,17 +385,18 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
     if (err == SN_ERROR_INTERRUPTED)
         err = 0;
     *received = sink.n;
-    sn__leave(port);
+    sn__leave(&port->base);
     return err;
 }
 
-int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t events,
+int sn_port_change(sn_port_t *handle, uint64_t socket, uint64_t key, uint16_t events,
                    uint8_t op, uint8_t trigger) {
+    sn_layer_t *port = sn__layer(handle);
     sn_registration_t reg;
     sn_sink_t sink;
     int err;
 
-    if ((err = sn__enter(port)) != 0)
+    if ((err = sn__enter(&port->base)) != 0)
         return err;
     reg.socket = socket;
     reg.key = key;
@@ -404,7 +406,7 @@ int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t even
     reg.result = 0;
     memset(&sink, 0, sizeof sink);
     err = sn__run(port, SN_PROCESS_QUIET_REMOVE, &reg, 1, 0, 0, NULL, &sink);
-    sn__leave(port);
+    sn__leave(&port->base);
     return err != 0 ? err : (int)reg.result;
 }
 
@@ -425,14 +427,14 @@ int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t even
    for the time left, written to *timeout_ms. */
 #define SN_QUICK_REARMS  16
 
-int sn__run_quick(sn_port_t *port, int64_t *timeout_ms, sn_kevent_t *events,
+int sn__run_quick(sn_layer_t *port, int64_t *timeout_ms, sn_kevent_t *events,
                   uint32_t max_events, sn_sink_t *sink, int *err) {
     sn_registration_t kregs[SN_QUICK_REARMS];
     sn_memo_t memos[SN_QUICK_REARMS];
     uint32_t got = 0, dropped = 0, reported = 0, rounds = 0, n;
     int64_t deadline = 0;
 
-    if ((port->ops->caps & (SN_CAP_CHANGES_AT_ONCE | SN_CAP_KEY_FIXED)) !=
+    if ((port->base.ops->caps & (SN_CAP_CHANGES_AT_ONCE | SN_CAP_KEY_FIXED)) !=
             SN_CAP_CHANGES_AT_ONCE)
         return 0;
     sn_mutex_lock(&port->lock);
@@ -449,7 +451,7 @@ int sn__run_quick(sn_port_t *port, int64_t *timeout_ms, sn_kevent_t *events,
 
     if (*timeout_ms > 0)
         deadline = sn_deadline(*timeout_ms);
-    *err = port->ops->process(port, NULL, 0, *timeout_ms, events, max_events, &got, &dropped);
+    *err = port->base.ops->process(&port->base, NULL, 0, *timeout_ms, events, max_events, &got, &dropped);
     if (got != 0) {
         sn_mutex_lock(&port->lock);
         reported = sn__deliver(port, events, got, sink);

@@ -56,7 +56,7 @@
 
 #define SN_RECNO_LIMIT 0x7fffffffu
 
-static int sn__records_grow(sn_port_t *port) {
+static int sn__records_grow(sn_layer_t *port) {
     uint32_t old_cap = port->records_cap;
     uint32_t new_cap = old_cap ? old_cap * 2 : 64;
     sn_record_t *records;
@@ -83,7 +83,7 @@ static int sn__records_grow(sn_port_t *port) {
     return 0;
 }
 
-int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
+int sn__record_new(sn_layer_t *port, uint64_t socket, uint64_t user_key,
                    uint32_t *recno_out) {
     int err;
     uint32_t recno;
@@ -104,7 +104,7 @@ int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
     return 0;
 }
 
-void sn__record_retire(sn_port_t *port, uint32_t recno) {
+void sn__record_retire(sn_layer_t *port, uint32_t recno) {
     sn_record_t *record = &port->records[recno];
     /* Every caller checks first (a generation that matches belongs to a
        used record): a retire of a free record would push its number twice
@@ -120,7 +120,7 @@ void sn__record_retire(sn_port_t *port, uint32_t recno) {
     port->live_count--;
 }
 
-int sn__rebirth(sn_port_t *port, uint32_t recno) {
+int sn__rebirth(sn_layer_t *port, uint32_t recno) {
     if (!sn__deferred_push(port, recno)) {
         sn__record_retire(port, recno);
         return 0;
@@ -154,7 +154,7 @@ void sn__transition_refused(const char *transition, unsigned state,
 }
 #endif
 
-void sn__table_free(sn_port_t *port) {
+void sn__table_free(sn_layer_t *port) {
     free(port->records);
     free(port->free_recnos);
     sn_hash_free(&port->index);

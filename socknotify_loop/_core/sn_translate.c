@@ -73,10 +73,10 @@ static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
 
 /* Translate the caller's registrations into kernel ones (lock held).
    Returns how many ENABLEs were refused before reaching the kernel. */
-uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                      sn_registration_t *kregs, sn_memo_t *memos, uint32_t count) {
     uint32_t i, refused = 0;
-    int key_fixed = (port->ops->caps & SN_CAP_KEY_FIXED) != 0;
+    int key_fixed = (port->base.ops->caps & SN_CAP_KEY_FIXED) != 0;
     for (i = 0; i < count; i++) {
         sn_registration_t *reg = &regs[i];
         sn_registration_t *kreg = &kregs[i];
@@ -101,7 +101,7 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                 err = SN_ERROR_INVALID;
                 break;
             }
-            if ((err = sn__valid_trigger(port->ops, reg->trigger)) != 0)
+            if ((err = sn__valid_trigger(port->base.ops, reg->trigger)) != 0)
                 break;
             if (key_fixed && record != NULL && sn__rec_removing(record)) {
                 /* The kernel keeps this socket's key until the REMOVE
@@ -204,7 +204,7 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
 /* A registration of a call that failed as a whole (SN_RESULT_UNAPPLIED:
    "no changes occurred"): put the record back as it was before the call
    (lock held). */
-static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_memo_t *p) {
+static void sn__unapply(sn_layer_t *port, const sn_registration_t *kreg, sn_memo_t *p) {
     sn_record_t *record = &port->records[p->recno];
     if (record->state == SN_REC_FREE ||
         SN_KERNEL_KEY(p->recno, record->generation) != kreg->key)
@@ -239,11 +239,11 @@ static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_memo_
    own re-arms and deferred ENABLEs, whose verdicts settle the table but
    belong to no caller registration. `call_error` is the call's error, for
    the registrations of a call that failed as a whole. */
-void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 sn_registration_t *kregs, sn_memo_t *memos,
                 uint32_t callers, uint32_t count, int call_error) {
     uint32_t i;
-    int key_fixed = (port->ops->caps & SN_CAP_KEY_FIXED) != 0;
+    int key_fixed = (port->base.ops->caps & SN_CAP_KEY_FIXED) != 0;
     int failed_whole = 0;
     for (i = 0; i < count; i++)
         failed_whole |= !memos[i].skip && kregs[i].result == SN_RESULT_UNAPPLIED;

@@ -206,12 +206,13 @@ static void test_fields(void) {
    bookkeeping around the transitions. */
 static void test_table_functions(void) {
     int error = -1;
-    sn_port_t *port = sn_port_open(SN_BACKEND_AUTO, &error);
+    sn_port_t *handle = sn_port_open(SN_BACKEND_AUTO, &error);
+    sn_layer_t *port = sn__layer(handle);
     uint32_t recno = 0, again = 0, lookup = 0;
     sn_record_t *r;
 
-    CHECK(port != NULL);
-    if (port == NULL)
+    CHECK(handle != NULL);
+    if (handle == NULL)
         return;
     sn_mutex_lock(&port->lock);
     refused = 0;
@@ -248,8 +249,8 @@ static void test_table_functions(void) {
     sn__record_retire(port, again);
     CHECK(refused == 0 && port->live_count == 0);
     sn_mutex_unlock(&port->lock);
-    CHECK(sn_port_close(port) == 0);
-    sn_port_free(port);
+    CHECK(sn_port_close(handle) == 0);
+    sn_port_free(handle);
 }
 
 int main(void) {
