@@ -63,7 +63,7 @@ int sn__recnos_grow_push(uint32_t **recnos, uint32_t *count, uint32_t *cap,
     return 1;
 }
 
-int sn__deferred_push(sn_port_t *port, uint32_t recno) {
+int sn__deferred_push(sn_layer_t *port, uint32_t recno) {
     return sn__recnos_grow_push(&port->deferred_recnos, &port->deferred_count,
                                 &port->deferred_cap, 16, recno);
 }
@@ -71,13 +71,14 @@ int sn__deferred_push(sn_port_t *port, uint32_t recno) {
 /* The ENABLEs that waited for their socket's REMOVE event (sn__rebirth),
    under the record's new kernel key. Written into kregs (lock held);
    returns how many. */
-uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs,
+uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs,
                               sn_memo_t *memos) {
     uint32_t i, n = 0;
     for (i = 0; i < port->deferred_count; i++) {
         uint32_t recno = port->deferred_recnos[i];
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_RECORD_LIVE || record->in_kernel || record->disabled)
+        if (!(SN_REC_BIT(record->state) &
+              (SN_REC_BIT(SN_REC_ENABLED) | SN_REC_BIT(SN_REC_FIRED))) || record->in_kernel)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
         /* A fresh registration under the new key. */
         sn__own_enable(record, recno, (uint8_t)(record->trigger | SN_TRIGGER_ADD),
@@ -114,7 +115,7 @@ void sn__report_deferred_failures(const sn_registration_t *kregs,
     }
 }
 
-void sn__rearm_free(sn_port_t *port) {
+void sn__rearm_free(sn_layer_t *port) {
     free(port->rearm_recnos);
     free(port->deferred_recnos);
     port->rearm_recnos = NULL;
