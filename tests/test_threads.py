@@ -115,7 +115,9 @@ def test_gil_stays_off() -> None:
         print("gil", sys._is_gil_enabled())
     """)
     env = {name: value for name, value in os.environ.items() if name != "PYTHON_GIL"}
-    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], env=env,
+    # -P: not the current directory first on sys.path, which may be the
+    # source tree (no compiled core there); the installed package it is.
+    out = subprocess.run([sys.executable, "-P", "-X", "faulthandler", "-c", code], env=env,
                          capture_output=True, text=True, timeout=50)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["gil", "False"], out.stdout + out.stderr
