@@ -123,8 +123,14 @@ def _fetch_source(path: str) -> str:
         shutil.rmtree(path + BUILD_DIR)
     os.makedirs(path + BUILD_DIR)
     # As root, apt's download sandbox user cannot write into /root.
-    chroot._in_tree(path, ["apt-get", "-o", "APT::Sandbox::User=root", "source",
-                           "--download-only", "-qq", SOURCE_PACKAGE], cwd=BUILD_DIR)
+    if chroot._in_tree(path, ["apt-get", "-o", "APT::Sandbox::User=root", "source",
+                              "--download-only", "-qq", SOURCE_PACKAGE], cwd=BUILD_DIR,
+                       check=False) != 0:
+        sys.exit(f"tools/freethreaded.py: `apt-get source {SOURCE_PACKAGE}` failed (above): "
+                 f"this mirror may serve Debian's binary packages without that source. "
+                 f"Build from a CPython {VERSION} release tarball instead: "
+                 f"python -m tools.freethreaded ensure --source Python-{VERSION}.N.tar.xz "
+                 f"(or set ${SOURCE_VARIABLE} for tox's py314t).")
     tarballs = glob.glob(path + BUILD_DIR + f"/{SOURCE_PACKAGE}_*.orig.tar.*")
     if len(tarballs) != 1:
         sys.exit(f"tools/freethreaded.py: expected one upstream tarball in {BUILD_DIR}, "
