@@ -42,7 +42,6 @@ import subprocess
 import sys
 import sysconfig
 import threading
-import time
 from typing import Dict, List, Optional
 
 if __name__ == "__main__" and not __package__:
