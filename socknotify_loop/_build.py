@@ -117,8 +117,20 @@ def make_builder(target_windows: bool | None = None) -> FFI:
         include_dirs=[os.path.relpath(CORE)],
         libraries=windows_libraries() if target_windows else [],
         extra_compile_args=compile_args,
+        define_macros=free_threaded_windows_macros() if native_windows else [],
     )
     return builder
+
+
+def free_threaded_windows_macros() -> list[tuple[str, str]]:
+    """``Py_GIL_DISABLED=1`` for a free-threaded CPython on Windows, where
+    the installer's pyconfig.h is shared with the default build and does
+    not define it (CPython's gh-111650; setuptools' distutils defines it
+    too since 75.3, this keeps the build right without it): compiled
+    without it, the module would link to the GIL build's DLL."""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return [("Py_GIL_DISABLED", "1")]
+    return []
 
 
 ffibuilder = make_builder()

@@ -51,6 +51,25 @@ def test_cross_build_and_linux_flags(monkeypatch):
     assert sys.platform  # the real module was left alone
 
 
+def test_free_threaded_windows_build_defines_py_gil_disabled(monkeypatch):
+    build = load_builder()
+    real = build.sysconfig.get_config_var
+    monkeypatch.setattr(build.sys, "platform", "win32")
+    monkeypatch.setattr(build, "struct", _Struct(8))
+    monkeypatch.setattr(build.sysconfig, "get_platform", lambda: "win-amd64")
+    monkeypatch.setattr(build.sysconfig, "get_config_var",
+                        lambda name: 1 if name == "Py_GIL_DISABLED" else real(name))
+    monkeypatch.setattr(build.cffi, "__version_info__", (2, 0, 0))
+    macros = build.make_builder()._assigned_source[3]["define_macros"]
+    assert macros == [("Py_GIL_DISABLED", "1")]
+    # Not on a GIL build, and not for the mingw-w64 cross-build from Linux.
+    monkeypatch.setattr(build.sysconfig, "get_config_var",
+                        lambda name: None if name == "Py_GIL_DISABLED" else real(name))
+    assert build.make_builder()._assigned_source[3]["define_macros"] == []
+    monkeypatch.setattr(build.sys, "platform", "linux")
+    assert build.make_builder(target_windows=True)._assigned_source[3]["define_macros"] == []
+
+
 def test_free_threaded_build_needs_cffi_2(monkeypatch):
     build = load_builder()
     real = build.sysconfig.get_config_var
