@@ -42,7 +42,7 @@ import sys
 import time
 from typing import List, Optional
 
-if __package__ in (None, ""):      # run as a file: tools/ is not a package then
+if __name__ == "__main__" and not __package__:   # run as a file: tools/ is no package then
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tools import chroot  # noqa: E402
