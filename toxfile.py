@@ -1,11 +1,12 @@
-"""tox's inline plugin: the runner of the py314 and py315 environments.
+"""tox's inline plugin: the runner of the py314, py315 and py314t environments.
 
-Those environments test CPython 3.14 and 3.15 inside a Debian sid chroot
-(tools/chroot.py); tox itself, and the virtualenv it makes for them, run on
-the host's Python, which has neither version. tox refuses an environment
-whose name (py314) names another Python than its ``basepython``; this
-runner is tox's virtualenv runner without that check, and only the two
-environments that name it (``runner = host-python``) use it.
+Those environments test CPython 3.14 and 3.15 (and the free-threaded
+3.14t) inside a Debian sid chroot (tools/chroot.py); tox itself, and the
+virtualenv it makes for them, run on the host's Python, which has none of
+them. tox refuses an environment whose name (py314) names another Python
+than its ``basepython``; this runner is tox's virtualenv runner without
+that check, and only the environments that name it (``runner =
+host-python``) use it.
 """
 from __future__ import annotations
 

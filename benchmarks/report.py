@@ -508,12 +508,16 @@ def write(results: dict, results_path: str) -> str:
 #: markers), carried over when a full run rewrites the page.
 KEPT_REGISTRATION = ("<!-- registration: measured on its own, kept by report.py -->",
                      "<!-- /registration -->")
+#: One loop per thread on free-threaded CPython (benchmarks/scaling.py).
+KEPT_THREADS = ("<!-- threads: measured by benchmarks/scaling.py, kept by report.py -->",
+                "<!-- /threads -->")
 
 
 def kept_sections(doc: str) -> list:
     """The other Pythons' section (benchmarks/pythons.py writes it from
-    runs of its own) and the registration path's before/after figures,
-    carried over from the page being replaced."""
+    runs of its own), the registration path's before/after figures and
+    the one-loop-per-thread figures, carried over from the page being
+    replaced."""
     from .pythons import BEGIN, END
     try:
         with open(doc, encoding="utf-8") as f:
@@ -521,7 +525,7 @@ def kept_sections(doc: str) -> list:
     except OSError:
         return []
     out: list = []
-    for begin, end in ((BEGIN, END), KEPT_REGISTRATION):
+    for begin, end in ((BEGIN, END), KEPT_REGISTRATION, KEPT_THREADS):
         if begin in text and end in text:
             out += ["", *text[text.index(begin):text.index(end) + len(end)].splitlines()]
     return out

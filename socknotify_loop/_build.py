@@ -15,6 +15,7 @@ import struct
 import sys
 import sysconfig
 
+import cffi
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,6 +78,21 @@ def check_windows_target() -> None:
             "Use a 64-bit Python.")
 
 
+def check_free_threaded_cffi() -> None:
+    """Refuse a free-threaded CPython build (3.14t) with a cffi older than
+    2.0: cffi 1.x compiles the module against the limited API, which the
+    free-threaded build does not have (the module crashes), and does not
+    declare it safe without the GIL (CPython would turn the GIL back on at
+    import). cffi 2.0 builds the full API there and its backend makes the
+    declaration when it loads the module. pyproject.toml asks for 2.0
+    already; this catches a build made without build isolation."""
+    version = tuple(cffi.__version_info__)
+    if sysconfig.get_config_var("Py_GIL_DISABLED") and version[:2] < (2, 0):
+        raise RuntimeError(
+            f"socknotify_loop on a free-threaded CPython needs cffi 2.0 or later "
+            f"(this is cffi {'.'.join(map(str, version))}): pip install 'cffi>=2.0'")
+
+
 def make_builder(target_windows: bool | None = None) -> FFI:
     """Build the FFI object; target_windows overrides the host OS (cross builds)."""
     native_windows = sys.platform == "win32"
@@ -84,6 +100,7 @@ def make_builder(target_windows: bool | None = None) -> FFI:
         target_windows = native_windows
     if native_windows:
         check_windows_target()
+    check_free_threaded_cffi()
     if not target_windows:
         compile_args = ["-std=c99", "-Wall", "-Wextra"]
     elif native_windows:
@@ -100,8 +117,20 @@ def make_builder(target_windows: bool | None = None) -> FFI:
         include_dirs=[os.path.relpath(CORE)],
         libraries=windows_libraries() if target_windows else [],
         extra_compile_args=compile_args,
+        define_macros=free_threaded_windows_macros() if native_windows else [],
     )
     return builder
+
+
+def free_threaded_windows_macros() -> list[tuple[str, str]]:
+    """``Py_GIL_DISABLED=1`` for a free-threaded CPython on Windows, where
+    the installer's pyconfig.h is shared with the default build and does
+    not define it (CPython's gh-111650; setuptools' distutils defines it
+    too since 75.3, this keeps the build right without it): compiled
+    without it, the module would link to the GIL build's DLL."""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return [("Py_GIL_DISABLED", "1")]
+    return []
 
 
 ffibuilder = make_builder()

@@ -114,3 +114,32 @@ def test_statistics_paired_ratios_and_pyperf_files(tmp_path):
     assert loaded["linux-ours.json:c"] == [[0.5, 1 / 3, 1.0], "second", 2]
     assert loaded["linux-ref.json:c"] == [[1.0, 1 / 3], "second", 2]
     assert loaded["linux-ours-memory.json:m"] == [[512.0], "byte", 2]
+
+
+def test_scaling_table_and_its_kept_section(tmp_path):
+    """benchmarks/scaling.py's table (medians, ranges, scale against one
+    worker of the same kind, the GIL's state) and its section of
+    docs/benchmarks.md surviving a full run's rewrite of the page."""
+    page = tmp_path / "page.md"
+    answer = _script(f"""
+        import json
+        from benchmarks import report, scaling
+        result = {{"figures": {{"1 threads": [100.0, 110.0, 90.0], "1 processes": [100.0],
+                               "2 threads": [190.0, 200.0, 180.0], "2 processes": [150.0],
+                               "2 threads (GIL on)": [95.0]}},
+                   "gil": {{"1 threads": False, "1 processes": False, "2 threads": False,
+                            "2 processes": False, "2 threads (GIL on)": True}}}}
+        begin, end = report.KEPT_THREADS
+        with open({str(page)!r}, "w") as f:
+            f.write("# old page\\n" + begin + "\\n## One loop per thread\\n" + end + "\\n")
+        print(json.dumps({{"table": scaling._table(result, True).splitlines(),
+                          "kept": report.kept_sections({str(page)!r})}}))
+        """, tmp_path)
+    table = answer["table"]
+    assert table[2] == "| 1 threads | 100 | 90-110 | 1.00x | off |"
+    assert table[4] == "| 2 threads | 190 | 180-200 | 1.90x | off |"
+    assert table[5] == "| 2 processes | 150 | 150-150 | 1.50x | off |"
+    assert table[6] == "| 2 threads (GIL on) | 95 | 95-95 | 0.95x | on |"
+    assert answer["kept"][1:] == [
+        "<!-- threads: measured by benchmarks/scaling.py, kept by report.py -->",
+        "## One loop per thread", "<!-- /threads -->"]

@@ -1,6 +1,7 @@
-"""The cffi builder's Windows decisions (socknotify_loop/_build.py), checked
+"""The cffi builder's platform decisions (socknotify_loop/_build.py), checked
 on any OS by playing the platform: a 32-bit Windows Python is refused with a
-clear error before any compiler runs, and MSVC is asked for C11."""
+clear error before any compiler runs, MSVC is asked for C11, and a
+free-threaded CPython with a cffi older than 2.0 is refused."""
 from __future__ import annotations
 
 import sys
@@ -48,3 +49,39 @@ def test_cross_build_and_linux_flags(monkeypatch):
     assert _compile_args(build.make_builder(target_windows=True)) == []
     assert "-std=c99" in _compile_args(build.make_builder(target_windows=False))
     assert sys.platform  # the real module was left alone
+
+
+def test_free_threaded_windows_build_defines_py_gil_disabled(monkeypatch):
+    build = load_builder()
+    real = build.sysconfig.get_config_var
+    monkeypatch.setattr(build.sys, "platform", "win32")
+    monkeypatch.setattr(build, "struct", _Struct(8))
+    monkeypatch.setattr(build.sysconfig, "get_platform", lambda: "win-amd64")
+    monkeypatch.setattr(build.sysconfig, "get_config_var",
+                        lambda name: 1 if name == "Py_GIL_DISABLED" else real(name))
+    monkeypatch.setattr(build.cffi, "__version_info__", (2, 0, 0))
+    macros = build.make_builder()._assigned_source[3]["define_macros"]
+    assert macros == [("Py_GIL_DISABLED", "1")]
+    # Not on a GIL build, and not for the mingw-w64 cross-build from Linux.
+    monkeypatch.setattr(build.sysconfig, "get_config_var",
+                        lambda name: None if name == "Py_GIL_DISABLED" else real(name))
+    assert build.make_builder()._assigned_source[3]["define_macros"] == []
+    monkeypatch.setattr(build.sys, "platform", "linux")
+    assert build.make_builder(target_windows=True)._assigned_source[3]["define_macros"] == []
+
+
+def test_free_threaded_build_needs_cffi_2(monkeypatch):
+    build = load_builder()
+    real = build.sysconfig.get_config_var
+    monkeypatch.setattr(build.sysconfig, "get_config_var",
+                        lambda name: 1 if name == "Py_GIL_DISABLED" else real(name))
+    monkeypatch.setattr(build.cffi, "__version_info__", (1, 17, 1))
+    with pytest.raises(RuntimeError, match=r"needs cffi 2\.0 or later \(this is cffi 1\.17\.1\)"):
+        build.make_builder()
+    monkeypatch.setattr(build.cffi, "__version_info__", (2, 0, 0))
+    assert build.make_builder() is not None
+    # A GIL build takes any cffi the requirements allow.
+    monkeypatch.setattr(build.sysconfig, "get_config_var",
+                        lambda name: None if name == "Py_GIL_DISABLED" else real(name))
+    monkeypatch.setattr(build.cffi, "__version_info__", (1, 17, 1))
+    assert build.make_builder() is not None

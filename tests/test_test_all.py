@@ -45,6 +45,16 @@ def test_the_chroot_maker_starts_before_the_other_chroot_version(tool):
     assert order.index("py314") < order.index("py315")
 
 
+def test_opt_in_environments_run_only_when_named(tool):
+    # py314t is a tox environment outside envlist: the default run leaves
+    # it out, ALL brings the envlist beside it, and it starts first.
+    assert not set(tool.OPT_IN) & set(tool.envlist())
+    assert tool.chosen_envs(None) == tool.envlist()
+    assert tool.chosen_envs(["py314t"]) == ["py314t"]
+    assert tool.chosen_envs(["ALL", "py314t"]) == tool.envlist() + ["py314t"]
+    assert tool.ordered(tool.chosen_envs(["ALL", "py314t"]))[0] == "py314t"
+
+
 @pytest.mark.parametrize("argv, expected", [
     ([], (3, False, [])),
     (["--jobs", "1"], (1, False, [])),

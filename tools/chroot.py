@@ -53,6 +53,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: The Pythons the chroot carries; tox's py314 and py315 envs test them.
 PYTHONS = ("3.14", "3.15")
+#: Free-threaded builds, which Debian does not package: tools/freethreaded.py
+#: builds each once into the chroot (tox's py314t env). Their venvs get the
+#: ``test`` extra only: several libraries of the ``integrations`` extra
+#: have no free-threaded wheels, and their tests skip, naming the library.
+FREE_THREADED = ("3.14t",)
+VERSIONS = PYTHONS + FREE_THREADED
 SUITE = "sid"
 #: Every package the tests need: each Python with its headers (the C core
 #: is built by cffi at install time), venv and CPython's test package; a C
@@ -429,6 +435,10 @@ def _requirements_key(version: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _extras(version: str) -> str:
+    return "test" if version in FREE_THREADED else "test,integrations"
+
+
 def _ensure_venv(path: str, version: str, source: str) -> str:
     """/root/venv-X.Y inside, made by pythonX.Y -m venv with the test
     requirements, kept while pyproject.toml is unchanged; the project is
@@ -450,7 +460,7 @@ def _ensure_venv(path: str, version: str, source: str) -> str:
         shutil.rmtree(path + venv)
     log(f"making {venv} with Python {version} and the test requirements")
     _in_tree(path, [f"python{version}", "-m", "venv", venv])
-    _in_tree(path, [f"{venv}/bin/pip", "install", "-q", f"{source}[test,integrations]"])
+    _in_tree(path, [f"{venv}/bin/pip", "install", "-q", f"{source}[{_extras(version)}]"])
     with open(key_file, "w", encoding="utf-8") as f:
         f.write(key + "\n")
     return venv
@@ -459,14 +469,20 @@ def _ensure_venv(path: str, version: str, source: str) -> str:
 def test(version: str, pytest_args: List[str]) -> int:
     """The project's suite and CPython's conformance suites on Python
     ``version`` inside the chroot: tox's two pytest runs. Exit status."""
-    if version not in PYTHONS:
-        sys.exit(f"tools/chroot.py: Python {version} is not in the chroot ({PYTHONS})")
-    path = ensure()
+    if version not in VERSIONS:
+        sys.exit(f"tools/chroot.py: Python {version} is not in the chroot ({VERSIONS})")
+    path = _ensure_python(version)
     with _locked(path, version), _mounted(path):
         source = _copy_project(path, version)
         venv = _ensure_venv(path, version, source)
         env = {"SOCKNOTIFY_EXPECT_INSTALLED": "1", "VIRTUAL_ENV": venv,
                "PATH": f"{venv}/bin:" + _environment()["PATH"]}
+        if version in FREE_THREADED:
+            # The GIL off for everything the suites import (pytest's
+            # plugins included), as a free-threaded deployment runs;
+            # tests/test_threads.py checks in a child without it that the
+            # package alone keeps the GIL off.
+            env.update(PYTHON_GIL="0", SOCKNOTIFY_REQUIRE_INTEGRATIONS="0")
         # Our pytest runs from the copy, which has no compiled core: the
         # tests import the installed package (tests/test_packaging.py
         # checks it), as in tox's envs.
@@ -480,12 +496,21 @@ def test(version: str, pytest_args: List[str]) -> int:
         return first or second
 
 
+def _ensure_python(version: Optional[str], extra: List[str] = ()) -> str:
+    """The chroot's path, made if need be, with ``version`` in it: a
+    free-threaded one is built there (once) by tools/freethreaded.py."""
+    if version in FREE_THREADED:
+        from tools import freethreaded
+        freethreaded.ensure()
+    return ensure(extra)
+
+
 def run(argv: List[str], version: Optional[str], fresh: bool = False,
         extra: List[str] = ()) -> int:
     """A command inside the chroot (with ``extra`` Debian packages), in
     version's venv when given; with ``fresh``, from a new copy of the
     project, installed into that venv first."""
-    path = ensure(extra)
+    path = _ensure_python(version, extra)
     with _locked(path, version), _mounted(path):
         env = {}
         cwd = "/root"
@@ -508,12 +533,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                       help="more Debian packages, comma-separated (e.g. valgrind)")
     commands.add_parser("path", help="print the chroot's path")
     tests = commands.add_parser("test", help="the suite and CPython's conformance suites")
-    tests.add_argument("--py", required=True, choices=PYTHONS)
+    tests.add_argument("--py", required=True, choices=VERSIONS)
     tests.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments")
     shell = commands.add_parser("shell", help="an interactive shell inside")
-    shell.add_argument("--py", choices=PYTHONS)
+    shell.add_argument("--py", choices=VERSIONS)
     command = commands.add_parser("run", help="a command inside (after --)")
-    command.add_argument("--py", choices=PYTHONS, help="in that Python's venv")
+    command.add_argument("--py", choices=VERSIONS, help="in that Python's venv")
     command.add_argument("--fresh", action="store_true",
                          help="in a new copy of the project, installed into --py's venv")
     command.add_argument("--with", dest="extra", default="",

@@ -34,6 +34,8 @@ Options (before any tox argument):
   --jobs N   environments at once (default 3; 1 runs them one after another)
   --full     the whole conformance set on every version
 Everything else goes to tox (``-e py311``, ``-- tests/test_port.py``).
+The free-threaded CPython 3.14 (tox's py314t, OPT_IN) runs only when named:
+``-e py314t`` alone, ``-e ALL,py314t`` with everything else.
 Exits with tox's status.
 """
 from __future__ import annotations
@@ -53,6 +55,11 @@ BUDGET_MINUTES = 45
 #: fresh two-core machine (tests/README.md has the table).
 LONGEST_FIRST = ["wine311", "wine313", "py314", "py39", "py315", "pypy3", "py311",
                  "py310", "py312", "py313", "dist", "sanitizers", "lint"]
+#: Environments outside tox's envlist, run only when named (``-e py314t``,
+#: or ``-e ALL,py314t`` for everything and them): the free-threaded
+#: CPython, whose first build on a fresh machine would take the run past
+#: its budget. Long: they start first when named with others.
+OPT_IN = ["py314t"]
 #: Debian packages, and the environments that need them.
 APT_NEEDS = {
     "postgresql": "tests", "redis-server": "tests",
@@ -116,9 +123,20 @@ def envlist():
             if e.strip()]
 
 
+def chosen_envs(chosen):
+    """The environments to run: tox's envlist when none is named; ``ALL``
+    stands for the envlist, beside any opt-in environment named with it."""
+    if chosen is None:
+        return envlist()
+    if "ALL" in chosen:
+        everything = envlist()
+        return everything + [e for e in chosen if e != "ALL" and e not in everything]
+    return chosen
+
+
 def ordered(envs):
     """The environments, the longest first (unknown ones keep their place at the end)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {name: i for i, name in enumerate(OPT_IN + LONGEST_FIRST)}
     return sorted(envs, key=lambda e: rank.get(e, len(rank)))
 
 
@@ -130,7 +148,7 @@ def apt_packages_needed(envs):
         if need == "wine":
             return any(e.startswith("wine") for e in envs)
         if need == "chroot":
-            return any(e in ("py314", "py315") for e in envs) and not chroot_ready()
+            return any(e in ("py314", "py315", "py314t") for e in envs) and not chroot_ready()
         return need in envs
 
     return [pkg for pkg, need in APT_NEEDS.items() if wanted(need) and not installed(pkg)]
@@ -224,7 +242,7 @@ def main():
     except ImportError:
         subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "tox>=4"])
     chosen = selected_envs(tox_args)
-    envs = ordered(envlist() if chosen is None or "ALL" in chosen else chosen)
+    envs = ordered(chosen_envs(chosen))
     install_system_packages(envs)
     env = dict(os.environ)
     if full:

@@ -3,9 +3,10 @@
 #  1. C drivers linked with the core directly, leak checking on: the port
 #     under churn and threads (test_core_posix.c) and the record's state
 #     machine walked table by table (test_record_states.c);
-#  2. the Python Port/selector tests with the core built with ASan and the
-#     runtime preloaded (CPython itself keeps memory to exit, so leak
-#     checking is off there; memory errors still abort the run).
+#  2. the Python Port/selector tests and the thread stress of
+#     test_threads.py with the core built with ASan and the runtime
+#     preloaded (CPython itself keeps memory to exit, so leak checking is
+#     off there; memory errors still abort the run).
 # Every build here checks every record transition (SN_CHECK_TRANSITIONS,
 # sn_record.h): a transition from a state it does not start from aborts
 # with the transition, the state and the line.
@@ -32,7 +33,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
     "$out/test_record_states"
 
 # The same driver under ThreadSanitizer: close() racing waiters, posters
-# and selects must show no data race.
+# and selects, and one port per thread in many threads at once (what one
+# event loop per thread does on a free-threaded Python), must show no
+# data race.
 gcc -g -O1 -fno-omit-frame-pointer -fsanitize=thread -Wall -Wextra -Werror $checked -I"$core" \
     "$here/test_core_posix.c" "${core_sources[@]}" -lpthread -o "$out/test_core_posix_tsan"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tsan.supp" "$out/test_core_posix_tsan"
@@ -61,5 +64,5 @@ PYTHONPATH="$build" LD_PRELOAD="$libasan:$libubsan" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     python -m pytest -q -p no:cacheprovider --rootdir "$build" "$root/tests/test_port.py" \
     "$root/tests/test_selector.py" "$root/tests/test_faults.py" "$root/tests/test_reliability.py" \
-    "$root/tests/test_epoll_oneshot.py" ${SANITIZE_EXTRA_TESTS:-}
+    "$root/tests/test_epoll_oneshot.py" "$root/tests/test_threads.py" ${SANITIZE_EXTRA_TESTS:-}
 echo "sanitizers: clean"

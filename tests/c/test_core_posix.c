@@ -10,8 +10,10 @@
  * woken, nothing touched after release; and orphaned epoll items
  * (descriptors closed before their unregister while a dup keeps the file)
  * made while other threads select, wait and change registrations, after
- * which an idle wait must stay idle. The same driver is built with
- * ThreadSanitizer (run_sanitizers.sh) for the races.
+ * which an idle wait must stay idle; and one port per thread, many
+ * threads at once, each woken by posts from another (the shape of one
+ * event loop per thread). The same driver is built with ThreadSanitizer
+ * (run_sanitizers.sh) for the races.
  */
 #define _GNU_SOURCE
 #include "socknotify.h"
@@ -346,11 +348,124 @@ static void test_orphan_races(void) {
     sn_port_free(port);
 }
 
+/* -- one port per thread, all at once --------------------------------------
+
+   What one event loop per thread makes of the core (free-threaded Python
+   runs such loops truly in parallel): many threads each opening their own
+   port at the same moment (the first ones race to install the fork
+   watch), binding their own select buffers, registering, selecting,
+   counting and closing, round after round; beside each, a thread waking
+   it with posts while it selects, as another thread's
+   call_soon_threadsafe() wakes a loop. Ports share nothing but the
+   process-wide fork generation: ThreadSanitizer must see no race, and
+   each port must report exactly its own keys and every post. */
+
+enum { OWN_PORT_THREADS = 6, OWN_PORT_ROUNDS = 40, OWN_PORT_PAIRS = 4, OWN_PORT_POSTS = 20 };
+
+typedef struct own_port {
+    pthread_barrier_t *start;
+    int wrong;
+} own_port_t;
+
+static void *own_port_poster(void *arg) {
+    sn_port_t *port = arg;
+    int i;
+    for (i = 0; i < OWN_PORT_POSTS; i++)
+        CHECK(sn_port_post(port, 1000 + (uint64_t)i) == 0);
+    return NULL;
+}
+
+/* One select's pairs into `seen`, a bit per key from 10 on. A post only
+   wakes a select (it comes back as no pair): any other key or mask here
+   is another port's, or garbage. */
+static void own_port_read(int64_t got, uint64_t *out, int *seen, int *wrong) {
+    uint64_t pairs, k;
+    if (got <= 0)
+        return;
+    if (got & 3) {              /* one pair, in the answer itself */
+        out[0] = (uint64_t)got >> 2;
+        out[1] = (uint64_t)got & 3;
+        pairs = 1;
+    } else {
+        pairs = ((uint64_t)got >> 2) & 0xffffffffu;
+    }
+    for (k = 0; k < pairs; k++) {
+        uint64_t key = out[2 * k];
+        if (key < 10 || key >= 10 + OWN_PORT_PAIRS || out[2 * k + 1] != SN_SELECT_READ)
+            (*wrong)++;
+        else
+            *seen |= 1 << (key - 10);
+    }
+}
+
+static void *own_port_main(void *arg) {
+    own_port_t *me = arg;
+    int round;
+    pthread_barrier_wait(me->start);
+    for (round = 0; round < OWN_PORT_ROUNDS; round++) {
+        int error = -1, sv[OWN_PORT_PAIRS][2], i, seen = 0, tries;
+        sn_registration_t changes[OWN_PORT_PAIRS];
+        uint64_t out[64], counters[SN_COUNTERS];
+        pthread_t poster;
+        sn_port_t *port = sn_port_open(SN_BACKEND_AUTO, &error);
+        CHECK(port != NULL);
+        if (port == NULL)
+            return NULL;
+        CHECK(sn_port_bind(port, changes, OWN_PORT_PAIRS, out, 64) == 0);
+        CHECK(pthread_create(&poster, NULL, own_port_poster, port) == 0);
+        for (i = 0; i < OWN_PORT_PAIRS; i++) {
+            CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv[i]) == 0);
+            changes[i] = reg(sv[i][0], 10 + (uint64_t)i, SN_EVENT_IN, SN_OP_ENABLE,
+                             SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL);
+            CHECK(write(sv[i][1], "r", 1) == 1);
+        }
+        /* The changes go with the first select; every pair is readable and
+           stays so (each select re-arms what it reported), so every key
+           comes back, among the poster's wake-ups. */
+        for (tries = 0; tries < 50 && seen != (1 << OWN_PORT_PAIRS) - 1; tries++) {
+            int64_t got = sn_port_select(port, tries == 0 ? OWN_PORT_PAIRS : 0, 100);
+            CHECK(got >= 0);
+            own_port_read(got, out, &seen, &me->wrong);
+        }
+        CHECK(seen == (1 << OWN_PORT_PAIRS) - 1);
+        pthread_join(poster, NULL);
+        CHECK(sn_port_registered(port) == OWN_PORT_PAIRS);
+        CHECK(sn_port_counters(port, counters, SN_COUNTERS) == SN_COUNTERS);
+        CHECK(counters[SN_COUNT_WAITS] >= 1);
+        CHECK(sn_port_close(port) == 0);
+        for (i = 0; i < OWN_PORT_PAIRS; i++) {
+            close(sv[i][0]);
+            close(sv[i][1]);
+        }
+        sn_port_free(port);
+    }
+    return NULL;
+}
+
+static void test_one_port_per_thread(void) {
+    pthread_t threads[OWN_PORT_THREADS];
+    own_port_t ports[OWN_PORT_THREADS];
+    pthread_barrier_t start;
+    int i;
+    CHECK(pthread_barrier_init(&start, NULL, OWN_PORT_THREADS) == 0);
+    for (i = 0; i < OWN_PORT_THREADS; i++) {
+        ports[i].start = &start;
+        ports[i].wrong = 0;
+        CHECK(pthread_create(&threads[i], NULL, own_port_main, &ports[i]) == 0);
+    }
+    for (i = 0; i < OWN_PORT_THREADS; i++) {
+        pthread_join(threads[i], NULL);
+        CHECK(ports[i].wrong == 0);
+    }
+    pthread_barrier_destroy(&start);
+}
+
 int main(void) {
     test_basic();
     test_churn();
     test_close_races();
     test_orphan_races();
+    test_one_port_per_thread();
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
         return 1;
