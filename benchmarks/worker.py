@@ -136,7 +136,7 @@ def _counted_run(case_name: str, loop_name: str, count: int, timeout: float) -> 
     port = getattr(getattr(loop, "_selector", None), "port", None) \
         if loop_name in loops.OURS else None
     if port is not None:
-        fast = loop._selector.fast_path
+        fast = loop._selector.loop_view
         prepare = fast.prepare
 
         def counted_prepare():
