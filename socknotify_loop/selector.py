@@ -246,17 +246,17 @@ class NotifySelector(selectors.BaseSelector):
     ``[(key, mask & key.events)]``; ``None`` blocks, ``<= 0`` polls, a
     positive timeout is rounded up to milliseconds; ERR wakes both
     directions; unregistering a closed socket does not raise). On epoll,
-    registrations and modifications are applied at once (errors raise
-    where ``EpollSelector`` raises them) and an unregister's kernel change
-    goes with the next :meth:`select`, where an immediate register of the
-    same descriptor turns the pair into one modification. On the
-    completion-port backends every change goes with the next select, and a
-    descriptor that is not an open socket is still refused at
+    every change is applied at once, unregister included (errors raise
+    where ``EpollSelector`` raises them). On the completion-port backends
+    every change goes with the next :meth:`select`, where an unregister
+    followed by a register of the same descriptor is one modification, and
+    a descriptor that is not an open socket is still refused at
     :meth:`register`.
 
     ``backend`` chooses the port's backend (see :class:`Port`); ``None``
     takes ``SOCKNOTIFY_BACKEND`` or the best one available. One thread at a
-    time may be inside :meth:`select` (a second raises RuntimeError).
+    time may be inside :meth:`select` (a second raises RuntimeError), and
+    while a loop runs on the selector, only the loop's thread.
     """
 
     def __init__(self, backend: str | None = None) -> None:
