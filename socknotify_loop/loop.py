@@ -20,7 +20,7 @@ The iteration. asyncio's ``_run_once`` asks the selector for a list of
 ``(key, mask)`` tuples and hands it to ``_process_events``, which looks the
 reader and writer handles up again; it reads the clock after every wait.
 :meth:`Loop._run_once` does the same work in one pass over the port's
-answer: one cffi call writes ``(slot, mask)`` pairs into a buffer, and the
+answer: one cffi call writes ``(tag, mask)`` pairs into a buffer, and the
 handles go straight from the registration's key to ``_ready``; the clock is
 read only when a timer is scheduled, through ``time`` bound to
 :func:`time.monotonic` itself (what asyncio's ``time()`` returns, one call
