@@ -531,7 +531,12 @@ class NotifySelector(selectors.BaseSelector):
                     del keys[tag]
                     self._settle(recheck)
                     raise self._port.change_error(code)
-                self._settle(recheck)
+                # The re-check is the last entry (other threads wait for the
+                # lock): taken back without a call (_settle is the general case).
+                if pending[-1] is recheck:
+                    pending.pop()
+                else:
+                    self._settle(recheck)
             else:
                 if taken_back is not None:
                     # Unregistered and registered again before the next
@@ -550,7 +555,10 @@ class NotifySelector(selectors.BaseSelector):
                 keys[tag] = key
                 if taken_back is None:
                     self._unsent.add(tag)
-                self._settle(recheck, change)
+                if pending[-1] is recheck:
+                    pending[-1] = change
+                else:
+                    self._settle(recheck, change)
         if len(records) > self._room and self._token.acquire(False):
             # Room for every registration to be ready at once. Not while
             # a select or a loop's run holds the token: the loop grows the
@@ -583,18 +591,25 @@ class NotifySelector(selectors.BaseSelector):
             key, tag = self._records[fd]
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
+        pending = self._pending
         recheck = _new_change(Change, (fd, tag, 0, _RECHECK, 0))
-        self._pending.append(recheck)
+        pending.append(recheck)
         del self._records[fd]
         self._keys.pop(tag, None)
         if tag in self._unsent:
             # The port never heard of it: forget its queued changes (the
             # re-check among them).
             self._unsent.discard(tag)
-            self._pending[:] = [c for c in self._pending if c.key != tag]
+            pending[:] = [c for c in pending if c.key != tag]
         elif self._at_once:
-            self._change(fd, tag, 0, OP_REMOVE, 0)
-            self._settle(recheck)
+            # A refused REMOVE is ignored (see _change).
+            self._change_now(self._port_address, fd, tag, 0, OP_REMOVE, 0)
+            if pending[-1] is recheck:
+                pending.pop()
+            else:
+                self._settle(recheck)
+        elif pending[-1] is recheck:
+            pending[-1] = _new_change(Change, (fd, tag, 0, OP_REMOVE, 0))
         else:
             self._settle(recheck, _new_change(Change, (fd, tag, 0, OP_REMOVE, 0)))
         return key
