@@ -686,9 +686,12 @@ class NotifySelector(selectors.BaseSelector):
             count = len(pending)
             if not count:
                 return 0
-            for i in range(count):
-                if pending[i].op == _RECHECK:
-                    pending[i] = self._resolve(pending[i])
+            rechecks = [change for change in pending if change.op == _RECHECK]
+            if rechecks:
+                # Last: a re-check stands for Python's record as it is now,
+                # the end of whatever the changes queued after it did.
+                pending[:] = ([change for change in pending if change.op != _RECHECK] +
+                              [self._resolve(change) for change in rechecks])
             if count > self._changes_room:
                 room = self._changes_room
                 while room < count:
