@@ -152,7 +152,7 @@ class LoopView:
     (``selector.loop_view``, one object for the selector's whole life): the
     loop makes the select call itself and reads the answer in place,
     without the list and tuples :meth:`NotifySelector.select` builds. The
-    loop writes none of it (a counting wrapper of ``prepare`` aside). The
+    loop writes none of it (a benchmark wraps ``prepare`` to count). The
     iteration, run between :meth:`NotifySelector.begin_run` and
     :meth:`NotifySelector.end_run`, is::
 
