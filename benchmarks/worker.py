@@ -136,15 +136,15 @@ def _counted_run(case_name: str, loop_name: str, count: int, timeout: float) -> 
     port = getattr(getattr(loop, "_selector", None), "port", None) \
         if loop_name in loops.OURS else None
     if port is not None:
-        fast = loop._selector.fast_path
-        prepare = fast.prepare
+        view = loop._selector.loop_view
+        prepare = view.prepare
 
         def counted_prepare():
             n = prepare()
             submitted[0] += n
             return n
         # The changes queued for the next wait go through prepare().
-        fast.prepare = counted_prepare
+        view.prepare = counted_prepare
     try:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(asyncio.wait_for(cases.CASES[name](cfg), timeout))

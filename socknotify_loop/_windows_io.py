@@ -13,7 +13,8 @@ What is here, and only here. :class:`WindowsLoop` is the portable
 :class:`PortProactor` on the loop's own port, the pipe and subprocess
 methods of ``ProactorEventLoop``, wake-ups posted to the port, and Ctrl+C
 reaching a wait that runs with the GIL released. ``socknotify_loop.Loop``
-is this class on Windows (``socknotify_loop/__init__.py`` picks it). The
+is this class on Windows (``socknotify_loop._factory.loop_class()`` picks
+it). The
 proactor and the loop that owns it live in one module because neither
 makes sense without the other: the loop's ``close()`` must drain the
 proactor before the port closes, and the proactor dequeues only through
@@ -325,7 +326,8 @@ class WindowsLoop(Loop):
             raise RuntimeError("Cannot close a running event loop")
         if self.is_closed():
             return
-        self._select_here()   # the proactor's close drains the port
+        # The proactor's close drains the port through select(), which
+        # takes the select token for each call: the loop is not running.
         proactor, self._proactor = self._proactor, None
         if proactor is not None:
             proactor.close()

@@ -13,13 +13,14 @@ nothing of any. On Windows ``socknotify_loop.Loop`` is a subclass of it
 (:class:`socknotify_loop._windows_io.WindowsLoop`) that adds pipes,
 subprocesses and named pipes as overlapped I/O on the same port, wakes the
 loop with packets posted to the port, and lets Ctrl+C through;
-``socknotify_loop/__init__.py`` is the one place that picks the class.
+``socknotify_loop._factory.loop_class()`` is the one place that picks the
+class (``socknotify_loop.Loop`` and ``new_event_loop`` ask it).
 
 The iteration. asyncio's ``_run_once`` asks the selector for a list of
 ``(key, mask)`` tuples and hands it to ``_process_events``, which looks the
 reader and writer handles up again; it reads the clock after every wait.
 :meth:`Loop._run_once` does the same work in one pass over the port's
-answer: one cffi call writes ``(slot, mask)`` pairs into a buffer, and the
+answer: one cffi call writes ``(tag, mask)`` pairs into a buffer, and the
 handles go straight from the registration's key to ``_ready``; the clock is
 read only when a timer is scheduled, through ``time`` bound to
 :func:`time.monotonic` itself (what asyncio's ``time()`` returns, one call
@@ -42,7 +43,6 @@ import inspect
 import math
 import sys
 import time as _time
-from _thread import get_ident as _get_ident
 from asyncio import base_events, events, format_helpers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -139,6 +139,9 @@ class Loop(asyncio.SelectorEventLoop):
     _debug: bool
     _remove_reader: Callable[[Any], bool]
     _remove_writer: Callable[[Any], bool]
+    _ssock: Any
+    _csock: Any
+    _internal_fds: int
 
     def __init__(self, selector: NotifySelector | None = None) -> None:
         if selector is None:
@@ -152,39 +155,52 @@ class Loop(asyncio.SelectorEventLoop):
         elif not isinstance(selector, NotifySelector):
             self._closed = True   # as above: nothing for __del__ to report
             raise TypeError(f"Loop needs a NotifySelector, not {type(selector).__name__}")
-        fast = selector.fast_path
-        # The loop owns its selector: it takes the select token now and
-        # keeps it (the selector closes with the loop), so an iteration
-        # selects without taking and giving it back, which cost as much as
-        # a fifth of the iteration's own work (docs/design.md); a select()
-        # by any thread but the one running the loop raises RuntimeError.
-        if not fast.hold():
+        # A loop's selector is its own: a second loop on it, or one closed
+        # with its loop, is refused here, before asyncio's __init__.
+        try:
+            selector.claim_for_loop()
+        except BaseException:
             self._closed = True   # as above: nothing for __del__ to report
-            raise RuntimeError("the selector is inside a select() in another thread")
+            raise
         try:
             super().__init__(selector)
         except BaseException:
-            fast.let_go()
+            selector.release_claim()
             raise
-        # The selector's fast-path object, the same for its whole life.
-        self._fast_path = fast
+        # What the iteration reads of the selector, the same for its life.
+        self._view = selector.loop_view
 
     def run_forever(self) -> None:
-        """Run until :meth:`stop` is called."""
-        self._select_here()
-        super().run_forever()
+        """Run until :meth:`stop` is called.
 
-    def close(self) -> None:
-        """Close the loop, its selector and its port."""
-        if not self.is_running():
-            self._select_here()
-        super().close()
+        asyncio's own checks come first, so that a refused call (a closed
+        loop, or one already running, here or in another thread) changes
+        nothing; then this thread takes the selector's select token for the
+        run (see docs/design.md, "A registration's life")."""
+        self._check_closed()  # type: ignore[attr-defined]  # asyncio's, not in typeshed
+        self._check_running()  # type: ignore[attr-defined]
+        selector = self._selector
+        selector.begin_run()
+        try:
+            super().run_forever()
+        finally:
+            selector.end_run()
 
-    def _select_here(self) -> None:
-        """Make this thread the one that selects for the select token the
-        loop holds (see __init__): the thread running the loop, or closing
-        it (closing drains the port on Windows)."""
-        self._fast_path.holder = _get_ident()
+    def _close_self_pipe(self) -> None:
+        """asyncio's, unless the garbage collector finalized the self-pipe
+        socket before the loop (an unclosed loop's __del__): its number is
+        gone, so is what asyncio would look it up by; the registration goes
+        with the selector, which closes next."""
+        ssock = self._ssock
+        if ssock is not None and ssock.fileno() == -1:
+            ssock.close()
+            self._ssock = None
+            if self._csock is not None:
+                self._csock.close()
+            self._csock = None
+            self._internal_fds -= 1
+            return
+        super()._close_self_pipe()  # type: ignore[misc]
 
     @property
     def backend(self) -> str:
@@ -249,6 +265,7 @@ class Loop(asyncio.SelectorEventLoop):
                 super()._run_once()  # type: ignore[misc]  # not in typeshed
                 return
             handle: Any   # a Handle or TimerHandle, private attributes and all
+            key: Any      # a SelectorKey, or None once dispatched
             scheduled = self._scheduled
             # asyncio counts every scheduled timer cancelled (and uncounts
             # only those it drops here), so with a count of 0 no cancelled
@@ -276,28 +293,28 @@ class Loop(asyncio.SelectorEventLoop):
                     handle._scheduled = False
 
             ready = self._ready
-            fast = self._fast_path
+            view = self._view
             # The selector's select(), inline, through the one object the
-            # selector offers for it (selector.FastPath). The loop holds the
-            # selector's select token for its whole life (see __init__), so
-            # nothing is taken here. With nothing queued, the port's calls
-            # that take no change count: poll and block take one argument,
-            # a timed wait two; the binding makes them for less than the
-            # general call (docs/design.md).
-            if fast.todo:
-                # Changes queued, or slots to free: the general call.
-                got = fast.select(fast.port, fast.prepare(), self._wait_ms())
+            # selector offers for it (selector.LoopView). run_forever holds
+            # the selector's select token for the whole run, so nothing is
+            # taken here. With nothing queued, the port's calls that take
+            # no change count: poll and block take one argument, a timed
+            # wait two; the binding makes them for less than the general
+            # call (docs/design.md).
+            if view.queued:
+                # Changes queued: the general call.
+                got = view.select(view.port, view.prepare(), self._wait_ms())
             elif ready or self._stopping:
-                got = fast.poll(fast.port)
+                got = view.poll(view.port)
             elif scheduled:
                 timeout = scheduled[0]._when - self.time()
                 if timeout > _MAXIMUM_SELECT_TIMEOUT:  # not min(): a call
                     timeout = _MAXIMUM_SELECT_TIMEOUT
                 # Float milliseconds: the port rounds them up, as the
                 # selectors round, so the wait never ends early.
-                got = fast.wait(fast.port, timeout * 1000.0 if timeout > 0.0 else 0)
+                got = view.wait(view.port, timeout * 1000.0 if timeout > 0.0 else 0)
             else:
-                got = fast.block(fast.port)
+                got = view.block(view.port)
             if got > 0:
                 # One pair comes in the answer itself (its low two bits,
                 # the mask, are not 0); more are in the buffer.
@@ -311,8 +328,14 @@ class Loop(asyncio.SelectorEventLoop):
                     # pair, which saves its tuple, iterator and loop;
                     # writing the dispatch once for both paths cost more
                     # than the copy (the figures are in docs/design.md).
-                    key = fast.keys[got >> 2]
-                    if key is not None:
+                    # A tag names one registration for good: a KeyError
+                    # means it ended since the wait returned (a signal
+                    # handler, another thread), and the answer is dropped.
+                    try:
+                        key = view.keys[got >> 2]
+                    except KeyError:
+                        pass
+                    else:
                         reader, writer = key.data
                         if mask != 2 and reader is not None:
                             if reader._cancelled:
@@ -327,14 +350,15 @@ class Loop(asyncio.SelectorEventLoop):
                 else:
                     got >>= 2
                     if got > _PAIRS:
-                        got = fast.io_completed(got)
-                    values = iter(fast.out[:got << 1].tolist())
-                    if got >= fast.room:
-                        fast.grow()
-                    keys = fast.keys
-                    for slot, mask in zip(values, values):
-                        key = keys[slot]
-                        if key is None:
+                        got = view.io_completed(got)
+                    values = iter(view.out[:got << 1].tolist())
+                    if got >= view.room:
+                        view.grow()
+                    keys = view.keys
+                    for tag, mask in zip(values, values):
+                        try:
+                            key = keys[tag]
+                        except KeyError:
                             continue
                         reader, writer = key.data
                         if mask != 2 and reader is not None:
@@ -354,7 +378,7 @@ class Loop(asyncio.SelectorEventLoop):
                 # holds its future).
                 key = reader = writer = None
             elif got:
-                fast.raise_for(got)
+                view.raise_for(got)
 
             # Timers that are due.
             if scheduled:

@@ -119,6 +119,11 @@ class Change(NamedTuple):
 _REGISTRATION = struct.Struct("=QQHBBI")   # Change fields, then the result
 _NOTIFICATION = struct.Struct("=QI4x")     # key, events
 _RESULT_WORD = 5                           # sn_registration_t.result as the 6th uint32
+_RESULT = struct.Struct("=I")
+_RESULT_OFFSET = 4 * _RESULT_WORD
+# A packed change's result until a select reads it: the core sets every
+# result of the changes it takes (0 or an error code, never this value).
+_UNSEEN = 0xFFFFFFFE
 assert _REGISTRATION.size == ffi.sizeof("sn_registration_t") == 24
 assert _NOTIFICATION.size == ffi.sizeof("sn_notification_t")
 
@@ -556,12 +561,26 @@ class Port:
 
     def pack_bound_changes(self, changes: Sequence[Change]) -> None:
         """Write ``changes`` at the front of the bound change buffer (the
-        caller made it large enough with :meth:`bind_select_buffers`)."""
+        caller made it large enough with :meth:`bind_select_buffers`).
+        Their results are marked unseen until a select reads them: the core
+        writes every result of the changes it takes, so
+        :meth:`unseen_bound_changes` can tell whether one did."""
         buffer = self._bound_changes
         pack_into = _REGISTRATION.pack_into
         size = _REGISTRATION.size
         for offset, change in zip(range(0, len(changes) * size, size), changes):
-            pack_into(buffer, offset, *change, 0)
+            pack_into(buffer, offset, *change, _UNSEEN)
+
+    def unseen_bound_changes(self, count: int) -> List[Change]:
+        """The first ``count`` changes of the bound buffer if no select has
+        taken them since :meth:`pack_bound_changes` wrote them (one refused
+        as busy or closed, or never called: an exception landed between),
+        else none."""
+        if not count:
+            return []
+        if _RESULT.unpack_from(self._bound_changes, _RESULT_OFFSET)[0] != _UNSEEN:
+            return []
+        return [change for change, _ in self.bound_change_results(count)]
 
     def bound_change_results(self, count: int) -> List[Tuple[Change, int]]:
         """The first ``count`` changes of the bound buffer with the result

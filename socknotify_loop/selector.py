@@ -18,18 +18,24 @@ remembers what it delivered and re-enables it at the start of the next
 select, inside the same kernel call that waits, so the steady state hands
 nothing across the FFI but the wait itself.
 
-Why a port key per registration: the port returns the caller's key with
-each notification. A registration takes a small integer (a slot) and the
-notification comes back as ``(slot, mask)``: one list index gives the
-:class:`selectors.SelectorKey`. A slot is reused at once after
-``unregister``: the core gives each registration its own kernel key
-generation and drops whatever is still queued for a removed one, so the new
-owner of a slot never sees the old one's events.
+Why a tag per registration: the port returns the caller's key with each
+notification (the caller key of its C record, ``sn_record_t.user_key``).
+Each registration takes a tag, a number this selector never hands out
+again, and the notification comes back as ``(tag, mask)``: one dict lookup
+gives the :class:`selectors.SelectorKey`. An answer therefore reaches the
+registration it was made for or none: whatever a signal handler, another
+thread or an exception does between the wait's return and the reading of
+the answer, a later registration cannot inherit an earlier one's tag. (The
+core does the same one level down: the kernel sees a record number with a
+generation, never the tag.) The one exception is deliberate: on the
+completion-port backends an ``unregister`` followed by a ``register`` of
+the same descriptor before the next select takes its REMOVE back and keeps
+the tag, since the port still holds that very registration.
 
 The hot path (``select()``, and :class:`~socknotify_loop.loop.Loop`, which
 reads the same buffer) costs one cffi call with three arguments (the port,
 the number of queued changes, the timeout in milliseconds, a float the C
-side rounds up): the port writes ``(slot, selector mask)`` pairs into a
+side rounds up): the port writes ``(tag, selector mask)`` pairs into a
 buffer bound to it once, and Python reads them with one
 ``memoryview.tolist()`` (the loop reads a single pair in place). The mask is
 computed in C the way ``selectors.EpollSelector`` computes it, and limited
@@ -43,17 +49,23 @@ events, like ``EPOLLERR``, so its owner's callback meets the error in
 
 Threads: as with ``selectors.EpollSelector``, ``register``, ``modify`` and
 ``unregister`` may be called from any thread while one thread is inside
-``select``. The bookkeeping they share is guarded by a lock; a select
-holds the select token from the moment it takes the queued changes to the
-moment it has read its answer, so a select refused because another thread
-is selecting has touched nothing. A loop holds the token for its whole
-life instead (:class:`FastPath`): it selects once per iteration, and taking
-and giving back the token each time cost as much as a fifth of an
-iteration's own work; the thread running it may still call ``select()``
-between two iterations (debug mode does). A slot freed by ``unregister`` is
-reused only from the next select on: an answer already in flight may still
-name it, and must not be read as its next owner's (on epoll the selecting
-thread frees it at once: it has no answer in flight).
+``select``. The bookkeeping they share is guarded by a lock. The select
+token (a lock, with the ident of the thread holding it) is held by a
+select from the moment it takes the queued changes to the moment it has
+read its answer, so a select refused because another thread is selecting
+has touched nothing. A loop holds it for a whole run instead
+(:meth:`NotifySelector.begin_run`, taken after asyncio's own "already
+running" check), since taking and giving it back at every iteration cost
+as much as a fifth of an iteration's own work; the thread running the
+loop may still call ``select()`` (debug mode does), any other raises
+RuntimeError.
+
+An exception may land between any two steps of a change (a signal
+handler's, KeyboardInterrupt). Every change therefore starts by queueing a
+re-check of its registration and ends by taking it back: if it never
+ends, the next select makes the port's record match Python's (the
+registration's ENABLE, or its REMOVE when Python no longer has it), so the
+two agree by then, whichever step the exception cut.
 
 Overlapped I/O completions (Windows only: handles associated with the
 port, see :mod:`socknotify_loop._windows_io`) come out of the same call.
@@ -85,7 +97,7 @@ from .port import (
     wait_ms,
 )
 
-__all__ = ["WAKEUP_KEY", "FastPath", "IOCompletionHandler", "NotifySelector"]
+__all__ = ["WAKEUP_KEY", "IOCompletionHandler", "LoopView", "NotifySelector"]
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
@@ -127,77 +139,66 @@ _MAX_EPOLL_FD = 0x7FFFFFFF
 _ONE = 3
 _SHIFT = 2
 _PAIRS = 0xFFFFFFFF
-_WORDS_PER_PAIR = 2     # (slot, selector mask), each a uint64
+_WORDS_PER_PAIR = 2     # (tag, selector mask), each a uint64
+
+# The op of a re-check in the queue of changes: never sent as it is; the
+# select that takes it sends what Python's record says then (see the
+# module docstring on exceptions).
+_RECHECK = -1
 
 
-class FastPath:
-    """What a loop's iteration reads of a :class:`NotifySelector`, in one
-    object it fetches once per iteration (``selector.fast_path``): the
-    loop then makes the select call itself and reads the answer in place,
-    without the list and tuples :meth:`NotifySelector.select` builds.
+class LoopView:
+    """What a loop's iteration reads of a :class:`NotifySelector`
+    (``selector.loop_view``, one object for the selector's whole life): the
+    loop makes the select call itself and reads the answer in place,
+    without the list and tuples :meth:`NotifySelector.select` builds. The
+    loop writes none of it (a benchmark wraps ``prepare`` to count). The
+    iteration, run between :meth:`NotifySelector.begin_run` and
+    :meth:`NotifySelector.end_run`, is::
 
-    A loop owns its selector: it takes the select token once, with
-    ``fast.hold()`` (False if a select of another thread has it), and keeps
-    it; ``fast.holder`` is then the ident of the thread that selects (the
-    one running the loop, which the loop sets), and ``select()`` raises
-    RuntimeError in any other thread. ``fast.let_go()`` gives the token
-    back. The holding thread's iteration then is::
+        got = (view.select(view.port, view.prepare(), wait_ms) if view.queued
+               else view.wait(view.port, wait_ms))    # or poll/block, below
+        # got & 3: one pair, tag got >> 2, mask got & 3
+        # else got >>= 2; got > 0xFFFFFFFF: got = view.io_completed(got)
+        # pairs (tag, mask): view.out[2*i], view.out[2*i + 1];
+        # the key is view.keys[tag] (KeyError: unregistered meanwhile);
+        # an answer of view.room pairs or more: view.grow() after reading it
+        # got < 0: view.raise_for(got)
 
-        got = (fast.select(fast.port, fast.prepare(), wait_ms) if fast.todo
-               else fast.wait(fast.port, wait_ms))   # or poll/block, below
-        # got & 3: one pair, slot got >> 2, mask got & 3
-        # else got >>= 2; got > 0xFFFFFFFF: got = fast.io_completed(got)
-        # pairs (slot, mask): fast.out[2*i], fast.out[2*i + 1];
-        # the key is fast.keys[slot] (None: unregistered meanwhile);
-        # an answer of fast.room pairs or more: fast.grow() after reading
-        # it (room for every registration, which a register() in another
-        # thread could not make while the token was held)
-        # got < 0: fast.raise_for(got)
+    ``queued`` is the list of changes the next select hands to the port
+    (all of them on the completion-port backends; on epoll, where changes
+    are made at once, only the re-checks an interrupted change left): when
+    it is not empty, ``prepare()`` moves them into the bound buffer and
+    returns their count. ``port`` is the port's address
+    (:attr:`Port.address`); ``poll(port)``, ``block(port)`` and
+    ``wait(port, wait_ms)`` are ``select(port, 0, 0)``, ``select(port, 0,
+    -1)`` and ``select(port, 0, wait_ms)``. ``out`` and ``room`` always
+    name the bound answer buffer."""
 
-    ``select()`` follows the same protocol with the token taken for the
-    one call (``fast.token``, a one-item list: ``pop()`` takes it).
-
-    The attributes always name the selector's current objects (the lists
-    are never replaced, ``out`` is updated when the buffers are bound
-    anew). ``port`` is the port's address for these calls
-    (:attr:`Port.address`); ``owner`` keeps the port alive with it.
-    With nothing to prepare (``todo`` empty),
-    ``fast.poll(fast.port)``, ``fast.block(fast.port)`` and
-    ``fast.wait(fast.port, wait_ms)`` are ``fast.select(fast.port, 0, 0)``,
-    ``fast.select(fast.port, 0, -1)`` and ``fast.select(fast.port, 0,
-    wait_ms)``."""
-
-    __slots__ = ("select", "poll", "block", "wait", "port", "owner", "token", "pending",
-                 "released", "prepare", "out", "keys", "io_completed", "raise_for",
-                 "holder", "hold", "let_go", "room", "grow", "todo")
+    __slots__ = ("select", "poll", "block", "wait", "port", "queued", "prepare", "keys",
+                 "out", "room", "grow", "io_completed", "raise_for")
 
     select: Callable[[int, int, float], int]
     poll: Callable[[int], int]
     block: Callable[[int], int]
     wait: Callable[[int, float], int]
     port: int
-    owner: Port
-    token: list[bool]
-    pending: list[Change]
-    released: list[int]
+    queued: list[Change]
     prepare: Callable[[], int]
+    keys: dict[int, SelectorKey]
     out: Any
-    keys: list[SelectorKey | None]
-    io_completed: Callable[[int], int]
-    raise_for: Callable[[int], None]
-    holder: int
-    hold: Callable[[], bool]
-    let_go: Callable[[], None]
     room: int
     grow: Callable[[], None]
-    todo: list[Any]
+    io_completed: Callable[[int], int]
+    raise_for: Callable[[int], None]
 
 
 class _Record(NamedTuple):
-    """One registration: its selector key and its port key (slot)."""
+    """One registration: its selector key and its tag (the key the port
+    answers with)."""
 
     key: SelectorKey
-    slot: int
+    tag: int
 
 
 # Named tuples made without the Python-level __new__ of namedtuple (a
@@ -245,17 +246,17 @@ class NotifySelector(selectors.BaseSelector):
     ``[(key, mask & key.events)]``; ``None`` blocks, ``<= 0`` polls, a
     positive timeout is rounded up to milliseconds; ERR wakes both
     directions; unregistering a closed socket does not raise). On epoll,
-    registrations and modifications are applied at once (errors raise
-    where ``EpollSelector`` raises them) and an unregister's kernel change
-    goes with the next :meth:`select`, where an immediate register of the
-    same descriptor turns the pair into one modification. On the
-    completion-port backends every change goes with the next select, and a
-    descriptor that is not an open socket is still refused at
+    every change is applied at once, unregister included (errors raise
+    where ``EpollSelector`` raises them). On the completion-port backends
+    every change goes with the next :meth:`select`, where an unregister
+    followed by a register of the same descriptor is one modification, and
+    a descriptor that is not an open socket is still refused at
     :meth:`register`.
 
     ``backend`` chooses the port's backend (see :class:`Port`); ``None``
     takes ``SOCKNOTIFY_BACKEND`` or the best one available. One thread at a
-    time may be inside :meth:`select` (a second raises RuntimeError).
+    time may be inside :meth:`select` (a second raises RuntimeError), and
+    while a loop runs on the selector, only the loop's thread.
     """
 
     def __init__(self, backend: str | None = None) -> None:
@@ -265,25 +266,23 @@ class NotifySelector(selectors.BaseSelector):
         self._port_address = port.address
         # fd -> _Record: the one record per registration.
         self._records: dict[int, _Record] = {}
-        # slot -> SelectorKey (None when free): the hot path's index from
-        # the port's answer to the key. Slot 0 is never handed out.
-        self._keys: list[SelectorKey | None] = [None]
-        self._free: list[int] = []
-        # Slots unregistered since the last select: free from the next one
-        # on (see the module docstring on threads).
-        self._released: list[int] = []
-        # Changes for the next select() (completion-port backends only).
+        # tag -> SelectorKey: the hot path's index from the port's answer
+        # to the key. Tags are never reused; 0 is never one.
+        self._keys: dict[int, SelectorKey] = {}
+        self._next_tag = 1
+        # Changes for the next select(): every change on the completion-port
+        # backends, the re-checks of interrupted changes on both.
         self._pending: list[Change] = []
-        self._unsent: set[int] = set()   # slots whose first ENABLE is still queued
+        self._unsent: set[int] = set()   # tags whose first ENABLE is still queued
+        # How many changes the last prepare() moved into the bound buffer:
+        # the next one puts them back if no select took them.
+        self._packed = 0
         # Guards the bookkeeping above against other threads' changes.
         self._lock = threading.Lock()
-        # The select token: popped by the thread entering select(), from
-        # taking the queued changes to reading the answer out of the bound
-        # buffer, and put back after. A one-item list rather than a Lock:
-        # list.pop() and append() are as atomic as acquire(False) and
-        # release(), and cost a fraction of them on the loop's hot path
-        # (a Lock's acquire parses its arguments at every call).
-        self._select_token: list[bool] = [True]
+        # The select token and the ident of the thread holding it (0: free).
+        self._token = threading.Lock()
+        self._owner = 0
+        self._claimed = False    # a loop runs on this selector
         self._map: _SelectorMapping | None = _SelectorMapping(self)
         #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
         #: completions each wait dequeues (Windows handles associated with
@@ -294,30 +293,18 @@ class NotifySelector(selectors.BaseSelector):
         self.io_completion_handler: IOCompletionHandler | None = None
         self._room = 0
         self._changes_room = 0
-        #: The selector as a loop's iteration reads it (see :class:`FastPath`):
-        #: the same object for the selector's whole life.
-        fast = self.fast_path = self._fast = FastPath()
-        fast.select = port.select_function()
-        fast.port = self._port_address
-        fast.poll, fast.block, fast.wait = port.wait_functions()
-        fast.owner = port
-        fast.token = self._select_token
-        fast.pending = self._pending
-        fast.released = self._released
-        # The one list whose items mean the next select must prepare():
-        # on epoll, slots to free (changes are made at once); on the
-        # completion ports, queued changes (an unregister queues its
-        # REMOVE; a slot released without one waits for the next change
-        # to be freed, which only delays its reuse).
-        fast.todo = self._released if self._at_once else self._pending
-        fast.prepare = self._prepare
-        fast.keys = self._keys
-        fast.io_completed = self._io_completed
-        fast.raise_for = self._raise_for
-        fast.holder = 0
-        fast.hold = self._hold
-        fast.let_go = self._let_go
-        fast.grow = self._grow
+        #: What a loop's iteration reads (see :class:`LoopView`): the same
+        #: object for the selector's whole life.
+        view = self.loop_view = self._view = LoopView()
+        view.select = port.select_function()
+        view.port = self._port_address
+        view.poll, view.block, view.wait = port.wait_functions()
+        view.queued = self._pending
+        view.prepare = self._prepare
+        view.keys = self._keys
+        view.io_completed = self._io_completed
+        view.raise_for = self._raise_for
+        view.grow = self._grow
         self._bind(256, 64)
 
     # -- buffers -----------------------------------------------------------------
@@ -331,8 +318,8 @@ class NotifySelector(selectors.BaseSelector):
         if bound is None:
             return False
         self._out, self._changes_room = bound
-        self._fast.out = self._out
-        self._fast.room = self._room = room
+        self._view.out = self._out
+        self._view.room = self._room = room
         return True
 
     def _grow(self) -> None:
@@ -346,28 +333,43 @@ class NotifySelector(selectors.BaseSelector):
                 room *= 2
             self._bind(room, self._changes_room)
 
-    # -- the select token held for a loop's life ----------------------------------
+    # -- who selects --------------------------------------------------------------------
 
-    def _hold(self) -> bool:
-        """Take the select token until :meth:`_let_go` (a loop's whole
-        life), this thread selecting; False if a select in another thread
-        holds it."""
-        try:
-            self._select_token.pop()
-        except IndexError:
-            return False
-        self._fast.holder = _get_ident()
-        return True
+    def claim_for_loop(self) -> None:
+        """Mark this selector as a loop's (the loop's ``__init__`` calls
+        it). RuntimeError if it is closed (asyncio's own "Selector is
+        closed"), already serves another loop, or a select() runs in
+        another thread right now."""
+        if self._map is None:
+            raise RuntimeError("Selector is closed")
+        if self._claimed:
+            raise RuntimeError("the selector already serves another event loop")
+        if self._token.locked():
+            raise RuntimeError("the selector is inside a select() in another thread")
+        self._claimed = True
 
-    def _let_go(self) -> None:
-        """Give back the token :meth:`_hold` took."""
-        self._fast.holder = 0
-        self._select_token.append(True)
+    def release_claim(self) -> None:
+        """Undo :meth:`claim_for_loop` (a loop whose making failed)."""
+        self._claimed = False
+
+    def begin_run(self) -> None:
+        """Take the select token for a loop's run in this thread (the loop's
+        ``run_forever`` calls it after asyncio's own checks): from now until
+        :meth:`end_run` this thread alone selects, and it may call
+        :meth:`select` too. RuntimeError if another thread selects."""
+        if not self._token.acquire(False):
+            raise RuntimeError("select() is already running in another thread")
+        self._owner = _get_ident()
+
+    def end_run(self) -> None:
+        """Give back the token :meth:`begin_run` took."""
+        self._owner = 0
+        self._token.release()
 
     def _no_select_elsewhere(self) -> bool:
         """No other thread is inside a select: the token is free, or this
-        thread holds it for its run (and is not selecting, since it is here)."""
-        return bool(self._select_token) or self._fast.holder == _get_ident()
+        thread holds it (and is not selecting, since it is here)."""
+        return not self._token.locked() or self._owner == _get_ident()
 
     # -- introspection ---------------------------------------------------------
 
@@ -411,30 +413,57 @@ class NotifySelector(selectors.BaseSelector):
 
     # -- changes -------------------------------------------------------------------
 
-    def _change(self, fd: int, slot: int, events: int, op: int, trigger: int) -> None:
+    def _change(self, fd: int, tag: int, events: int, op: int, trigger: int) -> None:
         """Apply a change now (epoll) or queue it for the next select()
         (``_lock`` held). Raises for a refused ENABLE; a refused REMOVE
-        means the descriptor was closed first, which the stdlib selectors
-        ignore too."""
+        means the descriptor was closed first (which the stdlib selectors
+        ignore too), or the port is closed or inherited from the parent of
+        a forked child: the registration is gone either way."""
         if self._at_once:
-            code = self._change_now(self._port_address, fd, slot, events, op, trigger)
-            if code:
-                error = self._port.change_error(code)
-                if op != OP_REMOVE or isinstance(error, ValueError):
-                    raise error
+            code = self._change_now(self._port_address, fd, tag, events, op, trigger)
+            if code and op != OP_REMOVE:
+                raise self._port.change_error(code)
         else:
-            self._pending.append(_new_change(Change, (fd, slot, events, op, trigger)))
+            self._pending.append(_new_change(Change, (fd, tag, events, op, trigger)))
 
-    def _enable(self, fd: int, slot: int, events: int) -> None:
+    def _enable(self, fd: int, tag: int, events: int) -> None:
         """The port change that makes a registration watch ``events``
         (``_lock`` held): an ENABLE of their filter, or a DISABLE when they
         hold neither READ nor WRITE (modify() accepts that, as
         EpollSelector does)."""
         watched = events & _WATCHED
         if watched:
-            self._change(fd, slot, _FILTER_OF_MASK[watched], OP_ENABLE, _ONESHOT_LEVEL)
+            self._change(fd, tag, _FILTER_OF_MASK[watched], OP_ENABLE, _ONESHOT_LEVEL)
         else:
-            self._change(fd, slot, 0, OP_DISABLE, 0)
+            self._change(fd, tag, 0, OP_DISABLE, 0)
+
+    def _settle(self, recheck: Change, change: Change | None = None) -> None:
+        """A change finished: take its re-check out of the queue, or put
+        ``change`` in its place (``_lock`` held). From the back: it is the
+        last entry, or one of the last."""
+        pending = self._pending
+        for i in range(len(pending) - 1, -1, -1):
+            if pending[i] is recheck:
+                if change is None:
+                    del pending[i]
+                else:
+                    pending[i] = change
+                return
+
+    def _resolve(self, recheck: Change) -> Change:
+        """The change a re-check stands for now (``_lock`` held): what makes
+        the port's record of its tag match Python's."""
+        fd, tag = recheck.fd, recheck.key
+        record = self._records.get(fd)
+        if record is None or record.tag != tag:
+            # Gone from Python's record: gone from the port's too (a REMOVE
+            # naming a tag the port's record does not carry changes nothing).
+            return _new_change(Change, (fd, tag, 0, OP_REMOVE, 0))
+        watched = record.key.events & _WATCHED
+        if watched:
+            return _new_change(Change, (fd, tag, _FILTER_OF_MASK[watched], OP_ENABLE,
+                                        _ONESHOT_LEVEL))
+        return _new_change(Change, (fd, tag, 0, OP_DISABLE, 0))
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         """Register ``fileobj`` for ``events``.
@@ -465,108 +494,124 @@ class NotifySelector(selectors.BaseSelector):
                 if code:
                     raise self._port.change_error(code)
             keys = self._keys
-            free = self._free
-            key = SelectorKey(fileobj, fd, events, data)
             pending = self._pending
+            key = SelectorKey(fileobj, fd, events, data)
             # Not while another thread selects: an answer in flight naming
-            # the slot (a readiness, or the failure of a change it carried)
+            # the tag (a readiness, or the failure of a change it carried)
             # is about the old registration, and the number may now name
             # another socket (closed and reused at once). The port then
-            # gets a REMOVE and an ENABLE under a new slot, and holds the
+            # gets a REMOVE and an ENABLE under a new tag, and holds the
             # ENABLE back until the REMOVE event: correct, only dearer.
-            taken_back = (self._take_back(fd)
+            taken_back = (self._find_take_back(fd)
                           if pending and not at_once and self._no_select_elsewhere()
                           else None)
-            if taken_back is not None:
-                # Unregistered and registered again before the next select
-                # (what asyncio's sock_recv does: its reader goes in a done
-                # callback, the next sock_recv adds it back), wherever its
-                # REMOVE sits in the queue (unregister a, unregister b,
-                # register a): the port still has the registration, so the
-                # pair is one modification of it, under its slot. A new
-                # slot would be a new completion key for a live socket,
-                # which Windows does not allow before the REMOVE event
-                # ("deregister, wait for SOCK_NOTIFY_EVENT_REMOVE, and then
-                # re-register"): the port would REMOVE, hold the ENABLE back
-                # for the event, and on AFD cancel and remake the poll.
-                slot = taken_back
-                keys[slot] = key
-                pending.append(_new_change(
-                    Change, (fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)))
-                known_to_port = True
+            if taken_back is None:
+                tag = self._next_tag
+                self._next_tag = tag + 1
             else:
-                # The key takes its slot before the port hears of it: on
-                # epoll the item is in the kernel as soon as _change
-                # returns, and a select running in another thread may
-                # report it at once and read the slot (without the lock)
-                # before this thread is back.
-                if free:
-                    slot = free.pop()
-                    keys[slot] = key
+                index, tag = taken_back
+            change = _new_change(
+                Change, (fd, tag, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL))
+            # First the re-check, last its settling: an exception landing
+            # anywhere between leaves the next select to make the port agree
+            # with what Python recorded (module docstring).
+            recheck = _new_change(Change, (fd, tag, 0, _RECHECK, 0))
+            pending.append(recheck)
+            if at_once:
+                # The key is recorded before the port hears of it: the item
+                # is in the kernel as soon as the call returns, and a select
+                # running in another thread may report it at once.
+                records[fd] = _new_record(_Record, (key, tag))
+                keys[tag] = key
+                code = self._change_now(self._port_address, fd, tag, change.events,
+                                        OP_ENABLE, _ONESHOT_LEVEL)
+                if code:
+                    # Refused: the port holds nothing, neither does Python.
+                    del records[fd]
+                    del keys[tag]
+                    self._settle(recheck)
+                    raise self._port.change_error(code)
+                # The re-check is the last entry (other threads wait for the
+                # lock): taken back without a call (_settle is the general case).
+                if pending[-1] is recheck:
+                    pending.pop()
                 else:
-                    slot = len(keys)
-                    keys.append(key)
-                known_to_port = at_once
-                try:
-                    self._change(fd, slot, _FILTER_OF_MASK[events], OP_ENABLE, _ONESHOT_LEVEL)
-                except BaseException:
-                    # Refused: nothing is recorded, the slot is free again.
-                    keys[slot] = None
-                    free.append(slot)
-                    raise
-            records[fd] = _new_record(_Record, (key, slot))
-            if not known_to_port:
-                self._unsent.add(slot)
-        if len(records) > self._room and self._select_token:
-            # Room for every registration to be ready at once; when a
-            # select is running, the next register tries again (and a loop
-            # holding the token grows the buffer when an answer fills it).
-            try:
-                token = self._select_token.pop()
-            except IndexError:
-                return key
+                    self._settle(recheck)
+            else:
+                if taken_back is not None:
+                    # Unregistered and registered again before the next
+                    # select (what asyncio's sock_recv does: its reader goes
+                    # in a done callback, the next sock_recv adds it back),
+                    # wherever its REMOVE sits in the queue: the port still
+                    # has the registration, so the pair is one modification
+                    # of it, under its tag. A new tag would be a new
+                    # completion key for a live socket, which Windows does
+                    # not allow before the REMOVE event ("deregister, wait for
+                    # SOCK_NOTIFY_EVENT_REMOVE, and then re-register"): the
+                    # port would REMOVE, hold the ENABLE back for the event,
+                    # and on AFD cancel and remake the poll.
+                    del pending[index]
+                records[fd] = _new_record(_Record, (key, tag))
+                keys[tag] = key
+                if taken_back is None:
+                    self._unsent.add(tag)
+                if pending[-1] is recheck:
+                    pending[-1] = change
+                else:
+                    self._settle(recheck, change)
+        if len(records) > self._room and self._token.acquire(False):
+            # Room for every registration to be ready at once. Not while
+            # a select or a loop's run holds the token: the loop grows the
+            # buffer when an answer fills it.
             try:
                 self._grow()
             finally:
-                self._select_token.append(token)
-        elif len(records) > self._room and self._fast.holder == _get_ident():
-            # This thread's loop holds the token and is between two selects.
-            self._grow()
+                self._token.release()
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
         """Unregister ``fileobj``; KeyError if it is not registered.
 
         Never fails for a socket closed meanwhile (as with the stdlib
-        selectors, the port's refusal to remove it is ignored). On epoll
-        the registration leaves the kernel now, while the descriptor is
-        still open: asyncio closes a socket right after removing its
-        reader, and a removal made after the close could not reach an item
-        whose file lives on in a dup() or a forked child.
+        selectors, the port's refusal to remove it is ignored), nor in a
+        forked child, whose port is the parent's. On epoll the
+        registration leaves the kernel now, while the descriptor is still
+        open: asyncio closes a socket right after removing its reader, and
+        a removal made after the close could not reach an item whose file
+        lives on in a dup() or a forked child. An answer in flight that
+        names it is dropped: no later registration carries its tag.
         """
         with self._lock:
             return self._forget(fileobj)
 
     def _forget(self, fileobj: Any) -> SelectorKey:
         """unregister() with ``_lock`` held."""
+        fd = self._fileobj_lookup(fileobj)
         try:
-            key, slot = self._records.pop(self._fileobj_lookup(fileobj))
+            key, tag = self._records[fd]
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
-        self._keys[slot] = None
-        if self._at_once and self._fast.holder == _get_ident():
-            # epoll removes the item now and the core drops the record; and
-            # this thread, a loop's between two of its selects, has no
-            # answer in flight that could name the slot: free at once.
-            self._free.append(slot)
+        pending = self._pending
+        recheck = _new_change(Change, (fd, tag, 0, _RECHECK, 0))
+        pending.append(recheck)
+        del self._records[fd]
+        self._keys.pop(tag, None)
+        if tag in self._unsent:
+            # The port never heard of it: forget its queued changes (the
+            # re-check among them).
+            self._unsent.discard(tag)
+            pending[:] = [c for c in pending if c.key != tag]
+        elif self._at_once:
+            # A refused REMOVE is ignored (see _change).
+            self._change_now(self._port_address, fd, tag, 0, OP_REMOVE, 0)
+            if pending[-1] is recheck:
+                pending.pop()
+            else:
+                self._settle(recheck)
+        elif pending[-1] is recheck:
+            pending[-1] = _new_change(Change, (fd, tag, 0, OP_REMOVE, 0))
         else:
-            self._released.append(slot)
-        if slot in self._unsent:
-            # The port never heard of it: forget its queued changes.
-            self._unsent.discard(slot)
-            self._drop_pending(slot)
-        else:
-            self._change(key.fd, slot, 0, OP_REMOVE, 0)
+            self._settle(recheck, _new_change(Change, (fd, tag, 0, OP_REMOVE, 0)))
         return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
@@ -580,15 +625,19 @@ class NotifySelector(selectors.BaseSelector):
         with self._lock:
             try:
                 fd = self._fileobj_lookup(fileobj)
-                key, slot = self._records[fd]
+                key, tag = self._records[fd]
             except KeyError:
                 raise KeyError(f"{fileobj!r} is not registered") from None
+            recheck = None
             if events != key.events:
                 if (events ^ key.events) & _WATCHED:
+                    recheck = _new_change(Change, (fd, tag, 0, _RECHECK, 0))
+                    self._pending.append(recheck)
                     try:
-                        self._enable(fd, slot, events)
+                        self._enable(fd, tag, events)
                     except OSError:
                         # What EpollSelector does: a refused modify unregisters.
+                        self._settle(recheck)
                         self._forget(fileobj)
                         raise
                 key = key._replace(events=events, data=data)
@@ -596,43 +645,53 @@ class NotifySelector(selectors.BaseSelector):
                 key = key._replace(data=data)
             else:
                 return key
-            self._records[fd] = _new_record(_Record, (key, slot))
-            self._keys[slot] = key
+            self._records[fd] = _new_record(_Record, (key, tag))
+            self._keys[tag] = key
+            if recheck is not None:
+                self._settle(recheck)
         return key
 
-    def _take_back(self, fd: int) -> int | None:
-        """If the last queued change of ``fd`` is its REMOVE: take that
-        REMOVE out of the queue and its slot out of the released list, and
-        return the slot (``_lock`` held; completion-port backends)."""
+    def _find_take_back(self, fd: int) -> tuple[int, int] | None:
+        """If the last queued change of ``fd`` is its REMOVE: its index in
+        the queue and its tag (``_lock`` held; completion-port backends)."""
         pending = self._pending
         for i in range(len(pending) - 1, -1, -1):
             change = pending[i]
             if change.fd != fd:
                 continue
-            slot: int = change.key
-            if change.op != OP_REMOVE or slot not in self._released:
+            if change.op != OP_REMOVE:
                 return None
-            del pending[i]
-            self._released.remove(slot)
-            return slot
+            return i, change.key
         return None
 
-    def _drop_pending(self, slot: int) -> None:
-        """Forget the queued changes of ``slot`` (``_lock`` held)."""
-        self._pending[:] = [c for c in self._pending if c.key != slot]
-
     def _prepare(self) -> int:
-        """Start a select (the select token held): free the slots released
-        since the last one and move the queued changes into the bound
-        buffer; returns how many changes there are."""
+        """Start a select (the select token held): hand the queued changes
+        to the port; returns how many the select carries. On epoll the
+        re-checks left by interrupted changes are applied here, and the
+        select carries none."""
         with self._lock:
-            if self._released:
-                self._free.extend(self._released)
-                self._released.clear()
             pending = self._pending
+            if self._packed:
+                # Changes the last prepare() moved into the bound buffer
+                # that no select took (an exception landed between): first.
+                again = self._port.unseen_bound_changes(self._packed)
+                self._packed = 0
+                if again:
+                    pending[:0] = again
+            if self._at_once:
+                while pending:
+                    self._apply_now(self._resolve(pending[0]))
+                    del pending[0]
+                return 0
             count = len(pending)
             if not count:
                 return 0
+            rechecks = [change for change in pending if change.op == _RECHECK]
+            if rechecks:
+                # Last: a re-check stands for Python's record as it is now,
+                # the end of whatever the changes queued after it did.
+                pending[:] = ([change for change in pending if change.op != _RECHECK] +
+                              [self._resolve(change) for change in rechecks])
             if count > self._changes_room:
                 room = self._changes_room
                 while room < count:
@@ -640,9 +699,21 @@ class NotifySelector(selectors.BaseSelector):
                 # Cannot be refused: this thread holds the select token.
                 self._bind(self._room, room)
             self._port.pack_bound_changes(pending)
+            self._packed = count
             pending.clear()
             self._unsent.clear()
             return count
+
+    def _apply_now(self, change: Change) -> None:
+        """A re-check's change on epoll (``_lock`` held): an ENABLE the port
+        refuses now ends the registration in Python too, as a refused
+        register() would have."""
+        code = self._change_now(self._port_address, *change)
+        if code and change.op != OP_REMOVE:
+            record = self._records.get(change.fd)
+            if record is not None and record.tag == change.key:
+                del self._records[change.fd]
+                self._keys.pop(change.key, None)
 
     # -- the one call ---------------------------------------------------------------
 
@@ -682,14 +753,14 @@ class NotifySelector(selectors.BaseSelector):
 
     def _wait(self, wait_ms: float) -> int:
         """Apply queued changes and re-arms, wait, and return how many
-        (slot, mask) pairs are at the front of ``self._out``. I/O
+        (tag, mask) pairs are at the front of ``self._out``. I/O
         completions go to :attr:`io_completion_handler`; a wait interrupted
         by a signal before anything arrived returns -1 (the signal's Python
         handler runs as soon as Python resumes)."""
-        fast = self._fast
-        count = fast.prepare() if fast.todo else 0
-        got: int = (fast.select(fast.port, count, wait_ms) if count else
-                     fast.wait(fast.port, wait_ms))
+        view = self._view
+        count = view.prepare() if view.queued else 0
+        got: int = (view.select(view.port, count, wait_ms) if count else
+                    view.wait(view.port, wait_ms))
         if got < 0:
             self._raise_for(got)
             return -1
@@ -713,15 +784,18 @@ class NotifySelector(selectors.BaseSelector):
         """
         wait = wait_ms(timeout)
         deadline = _monotonic() + timeout if wait > 0 else None  # type: ignore[operator]
+        me = _get_ident()
+        if self._owner == me:
+            # This thread runs the loop that holds the token (debug mode's
+            # iteration selects through here).
+            taken = False
+        elif self._token.acquire(False):
+            taken = True
+        else:
+            raise RuntimeError("select() is already running in another thread")
         try:
-            token = self._select_token.pop()
-        except IndexError:
-            if self._fast.holder != _get_ident():
-                raise RuntimeError("select() is already running in another thread") from None
-            # This thread's loop holds the token for its run, and is here
-            # between two of its own selects (debug mode's iteration).
-            token = None
-        try:
+            if taken:
+                self._owner = me
             got = self._wait(wait)
             if got < 0:
                 got = self._wait_again(wait, deadline)
@@ -731,14 +805,15 @@ class NotifySelector(selectors.BaseSelector):
             if got >= self._room:
                 self._grow()
         finally:
-            if token is not None:
-                self._select_token.append(token)
+            if taken:
+                self._owner = 0
+                self._token.release()
         keys = self._keys
         # Masked with the key read now, as EpollSelector does: the port
         # limited the mask to the registration's events at the wait, and a
         # modify() in another thread may have changed them since.
-        return [(key, ready) for slot, mask in zip(values[::2], values[1::2])
-                if (key := keys[slot]) is not None and (ready := mask & key.events)]
+        return [(key, ready) for tag, mask in zip(values[::2], values[1::2])
+                if (key := keys.get(tag)) is not None and (ready := mask & key.events)]
 
     def _wait_again(self, wait: float, deadline: float | None) -> int:
         """A signal cut the wait short and its Python handler did not raise:
@@ -764,11 +839,10 @@ class NotifySelector(selectors.BaseSelector):
         """Close the port and forget every registration. Idempotent."""
         with self._lock:
             self._records.clear()
-            self._keys[:] = [None]
-            self._free.clear()
-            self._released.clear()
+            self._keys.clear()
             self._pending.clear()
             self._unsent.clear()
+            self._packed = 0
             self._map = None
         self._port.close()
 

@@ -857,3 +857,39 @@ def test_windows_handle_reuse_after_close(backend):
             b.close()
     finally:
         port.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_selector_closed_under_a_busy_loop_ends_it_with_a_clear_error():
+    """Another thread closes the loop's selector while the loop serves a
+    hundred readable sockets: run_forever() ends with the closed
+    selector's ValueError (or RuntimeError), never an IndexError from the
+    loop's reading of an answer the close emptied. (Stock asyncio's
+    loop meets its closed epoll object's ValueError or EBADF.)"""
+    out = run_child("""
+        import asyncio, socket, threading
+        import socknotify_loop
+        errors = {}
+        for _ in range(15):
+            loop = socknotify_loop.new_event_loop()
+            pairs = [socket.socketpair() for _ in range(100)]
+            for a, b in pairs:
+                b.send(b"x")
+                loop.add_reader(a, lambda: None)
+            threading.Timer(0.03, loop._selector.close).start()
+            try:
+                loop.run_forever()
+            except Exception as exc:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+            else:
+                errors["nothing"] = errors.get("nothing", 0) + 1
+            for a, b in pairs:
+                a.close()
+                b.close()
+            try:
+                loop.close()
+            except Exception:
+                pass
+        print(sorted(errors.items()))
+    """)
+    assert set(dict(eval(out)).keys()) <= {"ValueError", "RuntimeError"}, out

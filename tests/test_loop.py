@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import selectors
 import signal
 import socket
 import sys
 import tempfile
 import threading
 import time
+import unittest
 import warnings
 
 import pytest
@@ -581,6 +583,207 @@ class TestAsyncioUnix(_TestUnix, AsyncioTestCase):
     pass
 
 
+# -- a registration's life under signals, other threads and forks ---------------------------
+
+def _trip_python_signal(signum: int) -> None:
+    """Make ``signum``'s Python handler run at the main thread's next check
+    for pending calls, as a signal arriving now would, without a real
+    signal: no wait is cut short (EINTR), so a wait that returns with an
+    answer returns it, and the handler runs right after, before the loop
+    has read the answer (PyErr_SetInterruptEx, Python 3.10+)."""
+    import ctypes
+    ctypes.pythonapi.PyErr_SetInterruptEx(ctypes.c_int(signum))
+
+
+_needs_interrupt_ex = pytest.mark.skipif(
+    sys.version_info < (3, 10) or sys.implementation.name != "cpython",
+    reason="PyErr_SetInterruptEx is CPython 3.10+")
+
+
+class _TestRegistrationLife:
+
+    def _socketpair(self):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        return a, b
+
+    @_needs_interrupt_ex
+    def test_a_readiness_reaches_only_the_registration_it_was_made_for(self):
+        """A signal handler that runs between the wait's return and the
+        loop's reading of the answer swaps remove_reader(x) for
+        add_reader(y): y's callback must never run for x's readiness (y is
+        never readable). Stock asyncio maps descriptors to keys after the
+        handler; the answer must not reach y through a reused number either.
+        Repeated: each round the handler runs after a wait that returned
+        with x's readiness."""
+        loop = self.loop
+        x, x_peer = self._socketpair()
+        y, _y_peer = self._socketpair()
+        misdirected = []
+        swaps = []
+
+        def on_x():
+            x.recv(100)
+
+        def on_y():
+            misdirected.append(len(swaps))
+
+        def handler(signum, frame):
+            if loop._selector.get_map().get(x.fileno()) is not None:
+                loop.remove_reader(x)
+                loop.add_reader(y, on_y)
+                swaps.append(1)
+
+        signum = signal.SIGINT
+        previous = signal.signal(signum, handler)
+        try:
+            for _ in range(30):
+                loop.add_reader(x, on_x)
+                ready = threading.Event()
+
+                def feed(ready=ready):
+                    ready.wait(5)
+                    time.sleep(0.01)       # the loop is in its blocking wait
+                    _trip_python_signal(signum)
+                    x_peer.send(b"x")
+                thread = threading.Thread(target=feed)
+                thread.start()
+                loop.call_soon(ready.set)
+                loop.run_until_complete(asyncio.sleep(0.05))
+                thread.join(5)
+                loop.remove_reader(x)
+                loop.remove_reader(y)
+                try:
+                    x.recv(100)
+                except BlockingIOError:
+                    pass
+        finally:
+            signal.signal(signum, previous)
+        self.assertTrue(swaps)
+        self.assertEqual(misdirected, [], f"y's reader ran for x's readiness in "
+                                          f"{len(set(misdirected))} of {len(swaps)} swaps")
+
+    def test_a_refused_run_forever_changes_nothing(self):
+        """run_forever() and run_until_complete() from a second thread on a
+        loop running in the first are refused (RuntimeError) and leave the
+        running loop as it was: in debug mode its next select() still
+        works, its readers still fire."""
+        loop = self.loop
+        loop.set_debug(True)
+        started = threading.Event()
+        loop.call_soon(started.set)
+        runner = threading.Thread(target=loop.run_forever)
+        runner.start()
+        try:
+            self.assertTrue(started.wait(5))
+            a, b = self._socketpair()
+            for _ in range(5):
+                with self.assertRaises(RuntimeError):
+                    loop.run_forever()
+                coro = asyncio.sleep(0)
+                with self.assertRaises(RuntimeError):
+                    loop.run_until_complete(coro)
+                coro.close()
+                fired = threading.Event()
+
+                def on_a(fired=fired):
+                    a.recv(10)
+                    loop.remove_reader(a)
+                    fired.set()
+                loop.call_soon_threadsafe(loop.add_reader, a, on_a)
+                b.send(b"x")
+                self.assertTrue(fired.wait(2), "the running loop stopped serving")
+            answer = asyncio.run_coroutine_threadsafe(asyncio.sleep(0.01, "ok"), loop)
+            self.assertEqual(answer.result(2), "ok")
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            runner.join(5)
+        self.assertFalse(runner.is_alive())
+
+    @unittest.skipUnless(hasattr(os, "fork"), "os.fork() is POSIX only")
+    def test_a_forked_child_removes_readers_and_closes_the_inherited_loop(self):
+        """In a forked child the inherited loop can remove a reader and be
+        closed, as stock asyncio's can."""
+        loop = self.loop
+        a, _b = self._socketpair()
+        loop.add_reader(a, lambda: None)
+        loop.run_until_complete(asyncio.sleep(0))
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about fork() in a process with threads.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:   # pragma: no cover - the child
+            status = 1
+            try:
+                loop.remove_reader(a)
+                loop.close()
+                status = 0
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+
+
+class TestNotifyRegistrationLife(_TestRegistrationLife, NotifyTestCase):
+    pass
+
+
+class TestAsyncioRegistrationLife(_TestRegistrationLife, AsyncioTestCase):
+    pass
+
+
+# Stock asyncio's refused loop reports "Selector is closed" once more from
+# its __del__; ours reports nothing there.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("make", [Loop, asyncio.SelectorEventLoop], ids=["ours", "asyncio"])
+def test_a_loop_on_a_selector_a_closed_loop_used_is_refused_as_asyncio_refuses_it(make):
+    """The first loop closed the selector with it: a second loop on it is
+    refused with the error stock asyncio gives (not a claim that a
+    select() runs somewhere)."""
+    selector = NotifySelector() if make is Loop else selectors.DefaultSelector()
+    make(selector).close()
+    with pytest.raises(RuntimeError, match="^Selector is closed$"):
+        make(selector)
+
+
+def test_a_loop_on_a_selector_a_live_loop_holds_is_refused_saying_so():
+    """No select() runs anywhere: the message names the other loop."""
+    selector = NotifySelector()
+    first = Loop(selector)
+    try:
+        with pytest.raises(RuntimeError, match="another event loop"):
+            Loop(selector)
+        assert first.run_until_complete(asyncio.sleep(0, "ok")) == "ok"
+    finally:
+        first.close()
+
+
+def test_a_loops_finalizer_raises_nothing_for_a_self_pipe_already_gone():
+    """The garbage collector may finalize an unclosed loop's self-pipe
+    socket before the loop itself: the loop's __del__ then closes it
+    without "Exception ignored ... Invalid file descriptor: -1"."""
+    import gc
+    unraisable = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            for _ in range(20):
+                loop = Loop()
+                loop._ssock.close()     # what its finalizer does first
+                del loop
+                gc.collect()
+    finally:
+        sys.unraisablehook = old_hook
+    assert [repr(u.exc_value) for u in unraisable] == []
+
+
 # -- what the loop is --------------------------------------------------------------------------
 
 class TestLoopIdentity(NotifyTestCase):
@@ -939,11 +1142,11 @@ def test_a_callbacks_arguments_die_with_it(make):
 
 # -- the select token the loop holds ------------------------------------------------
 
-def test_the_loop_holds_its_selectors_select_token():
-    """The loop owns its selector's select token for its life: another
-    thread's select() raises, the loop's own thread may select between two
-    iterations (debug mode's stock iteration does), and a closed loop's
-    selector is closed with it."""
+def test_the_loop_holds_its_selectors_select_token_while_it_runs():
+    """A running loop holds its selector's select token: another thread's
+    select() raises, the loop's own thread may select between two
+    iterations (debug mode's stock iteration does). Between runs nobody
+    holds it, as asyncio restricts nothing then."""
     loop = socknotify_loop.new_event_loop()
     try:
         selector = loop._selector
@@ -954,10 +1157,14 @@ def test_the_loop_holds_its_selectors_select_token():
                 selector.select(0)
             except RuntimeError as exc:
                 errors.append(str(exc))
-        thread = threading.Thread(target=other)
-        thread.start()
-        thread.join(10)
+
+        async def from_another_thread():
+            thread = threading.Thread(target=other)
+            thread.start()
+            await loop.run_in_executor(None, thread.join, 10)
+        loop.run_until_complete(from_another_thread())
         assert errors and "already running" in errors[0]
+        assert selector.select(0) == []
 
         async def own():
             return selector.select(0)
@@ -1026,7 +1233,7 @@ def test_registrations_from_another_thread_grow_the_answer_buffer():
     pairs = [socket.socketpair() for _ in range(700)]
     try:
         selector = loop._selector
-        room = selector.fast_path.room
+        room = selector.loop_view.room
         assert room < len(pairs)
         served = set()
         done = loop.create_future()
@@ -1053,7 +1260,7 @@ def test_registrations_from_another_thread_grow_the_answer_buffer():
             await asyncio.wait_for(done, 30)
         loop.run_until_complete(main())
         assert len(served) == len(pairs)
-        assert selector.fast_path.room >= len(pairs)
+        assert selector.loop_view.room >= len(pairs)
     finally:
         loop.close()
         for a, b in pairs:

@@ -77,6 +77,7 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
 from socknotify_loop import port as port_module  # noqa: E402
+from socknotify_loop import selector as selector_module  # noqa: E402
 from socknotify_loop.port import (  # noqa: E402
     EVENT_HANGUP,
     EVENT_IN,
@@ -96,6 +97,12 @@ from socknotify_loop.selector import NotifySelector  # noqa: E402
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 POOL = 50               # socket pairs per machine
+# Where an injected exception may land: the selector and the port modules.
+_CHANGE_FILES = (selector_module.__file__, port_module.__file__)
+
+
+class _Injected(BaseException):
+    """An exception landing wherever CPython runs pending calls."""
 TCP_PAIRS = 10          # of which TCP loopback (all of them on Windows)
 
 _STEPS = int(os.environ.get("SOCKNOTIFY_RANDOMIZED_STEPS", "0") or 0)
@@ -543,6 +550,107 @@ class SelectorVersusReference(RuleBasedStateMachine):
                 assert not (mask & WRITE) or writable, f"{key} reported writable, it is not"
         # Which selects ran last is unknown: the next comparison's select tells.
         self.last_reported = None
+
+    # -- a signal handler and an exception inside a change -------------------------
+
+    _WAIT_CALLS = frozenset({"sn_port_select_at", "sn_port_wait_at", "sn_port_poll_at",
+                             "sn_port_block_at", "poll", "select"})
+
+    def _select_with_handler(self, selector, handler):
+        """select(0) on ``selector`` with ``handler`` run where a signal
+        handler runs when a signal arrives during the wait: right after the
+        wait returns, before the answer is read."""
+        if selector is self.ref and WINDOWS and not selector.get_map():
+            # Windows select() refuses three empty sets (WSAEINVAL): no
+            # wait, so the handler runs where the wait would have ended.
+            handler(selector)
+            return []
+        selector_file = (selector_module.__file__ if selector is self.ours
+                         else selectors.__file__)
+        ran = []
+
+        def profile(frame, event, arg):
+            if (not ran and event == "c_return" and frame.f_code.co_filename == selector_file
+                    and getattr(arg, "__name__", "") in self._WAIT_CALLS):
+                ran.append(1)
+                handler(selector)
+
+        sys.setprofile(profile)
+        try:
+            return selector.select(0)
+        finally:
+            sys.setprofile(None)
+
+    @rule(i=pool_index, j=pool_index, events=masks)
+    def signal_handler_re_registers(self, i, j, events):
+        """A signal handler unregisters socket i and registers socket j
+        while the wait's answer is in flight. Every key reported is one
+        registered now, with a true mask within its events, and EpollSelector
+        (which maps descriptors to keys after the handler) reports it too
+        unless our answer named the registration the handler ended."""
+        a, b = self.slots[i].a, self.slots[j].a
+        outcomes = {}
+
+        def handler(selector):
+            got = [_outcome(lambda: selector.unregister(a))]
+            got.append(_outcome(lambda: selector.register(b, events)))
+            outcomes[selector is self.ours] = got
+
+        ours = self._select_with_handler(self.ours, handler)
+        ref = self._select_with_handler(self.ref, handler)
+        assert outcomes.get(True) == outcomes.get(False), outcomes
+        registered = {id(key) for key in self.ours.get_map().values()}
+        ref_fds = {key.fd for key, _ in ref}
+        for key, mask in self._orphan_reports(ours):
+            assert id(key) in registered, f"{key} reported after the handler ended it"
+            assert mask and not mask & ~key.events, f"{key}: mask {mask} outside its events"
+            readable, writable = _oracle(key.fileobj)
+            assert not (mask & READ) or readable, f"{key} reported readable, it is not"
+            assert not (mask & WRITE) or writable, f"{key} reported writable, it is not"
+            assert key.fd in ref_fds or key.fd == b.fileno(), (
+                f"{key} reported by NotifySelector only")
+        self.last_reported = None
+
+    @rule(name=st.sampled_from(["register", "modify", "unregister"]), i=pool_index,
+          events=masks, point=st.integers(1, 30))
+    def exception_inside_a_change(self, name, i, events, point):
+        """An exception (a signal handler's, KeyboardInterrupt) lands at the
+        ``point``-th place of a register/modify/unregister where CPython runs
+        pending calls. The reference is then brought to what NotifySelector
+        recorded; the next comparison finds the port agreeing with it."""
+        sock = self.slots[i].a
+        fd = sock.fileno()
+        count = [0]
+
+        def profile(frame, event, arg):
+            if (event in ("c_return", "call")
+                    and frame.f_code.co_filename in _CHANGE_FILES):
+                count[0] += 1
+                if count[0] == point:
+                    raise _Injected
+
+        args = (sock,) if name == "unregister" else (sock, events)
+        sys.setprofile(profile)
+        try:
+            getattr(self.ours, name)(*args)
+        except _Injected:
+            pass
+        except (KeyError, ValueError, OSError):
+            pass
+        finally:
+            sys.setprofile(None)
+        ours = self.ours.get_map().get(fd)
+        ref = self.ref.get_map().get(fd)
+        if ours is None and ref is not None:
+            self.ref.unregister(ref.fileobj)
+        elif ours is not None and ref is None:
+            self.ref.register(ours.fileobj, ours.events)
+        elif ours is not None and ref is not None and (
+                ours.events != ref.events or ours.fileobj is not ref.fileobj):
+            self.ref.unregister(ref.fileobj)
+            self.ref.register(ours.fileobj, ours.events)
+        if self.last_reported is not None:
+            self.last_reported.discard(id(sock))
 
     # -- the comparison after every step ----------------------------------------
 

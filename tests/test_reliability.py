@@ -451,7 +451,7 @@ def test_a_wait_that_dequeues_only_stale_events_waits_for_the_time_left(epoll_fa
         assert 0.29 <= took < 2, took
         # Six stale events, each followed by a wait again: the injection ran.
         assert sel.port.counters()["waits"] - waits >= 7, sel.port.counters()
-        fast = sel.fast_path
+        fast = sel.loop_view
         arm("stale", 9)                 # three more, for the loop's timed wait
         start = time.monotonic()
         assert fast.wait(fast.port, 200.0) == 0

@@ -474,7 +474,7 @@ def test_an_answer_lost_to_an_exception_is_reported_again(selector):
             writer.send(b"x")
         selector.select(0)   # applies everything (and reports it)
         # A wait whose answer nobody reads, as when an exception cuts in.
-        fast = selector.fast_path
+        fast = selector.loop_view
         assert fast.select(fast.port, 0, 1000) == 3 << 2   # three pairs, in the buffer
         assert ready_fds(selector.select(1)) == {(r.fileno(), READ) for r, _ in pairs}
     finally:
@@ -517,7 +517,7 @@ def test_the_select_call_takes_float_milliseconds_rounded_up(selector):
     make the loop spin until the timer is due), NaN polls."""
     for wanted in (0.25, 2.5):
         start = time.perf_counter()
-        fast = selector.fast_path
+        fast = selector.loop_view
         assert fast.select(fast.port, 0, wanted) == 0
         assert time.perf_counter() - start >= math.ceil(wanted) / 1000 * 0.9
     start = time.perf_counter()
@@ -538,7 +538,121 @@ def test_unregister_then_register_before_select_is_one_change(selector, pair):
     selector.select(0)
     selector.unregister(reader)
     selector.register(reader, READ, "second")
-    pending = selector.fast_path.pending
+    pending = selector.loop_view.queued
     assert [change.op for change in pending] == [port_module.OP_ENABLE]
     writer.send(b"x")
     assert [(key.data, mask) for key, mask in selector.select(2)] == [("second", READ)]
+
+
+# -- an exception landing anywhere inside a change ------------------------------------------
+
+class _Injected(BaseException):
+    """What a signal handler's exception or KeyboardInterrupt does: lands
+    wherever CPython runs pending calls."""
+
+
+def _interrupted(selector, operation, target: int, filenames) -> bool:
+    """Run ``operation`` with _Injected raised at the ``target``-th point
+    where CPython would run a pending signal handler inside the files
+    named: right after a C function returns to them, or as one of their
+    functions starts. True if it landed (the operation did not finish)."""
+    count = [0]
+
+    def profile(frame, event, arg):
+        if event in ("c_return", "call") and frame.f_code.co_filename in filenames:
+            count[0] += 1
+            if count[0] == target:
+                raise _Injected
+
+    sys.setprofile(profile)
+    try:
+        operation()
+    except _Injected:
+        return True
+    finally:
+        sys.setprofile(None)
+    return False
+
+
+def _change_interrupted_everywhere(make_selector, filenames, operation_name):
+    """For every point of one register/unregister/modify of a readable
+    socket: interrupt it there, then register a socket that is never
+    readable and select. The readable socket's readiness is reported under
+    its own key if it is still registered and under no key otherwise; the
+    never-readable socket is never reported (its number must not inherit
+    an orphan); the selector keeps working. Returns how many landed."""
+    landed = 0
+    for target in range(1, 5000):
+        selector = make_selector()
+        a, b = socket.socketpair()
+        c, d = socket.socketpair()
+        try:
+            b.send(b"x")
+            if operation_name == "register":
+                def operation(selector=selector, a=a):
+                    selector.register(a, READ, "a")
+            elif operation_name == "unregister":
+                selector.register(a, READ, "a")
+                selector.select(0)
+
+                def operation(selector=selector, a=a):
+                    selector.unregister(a)
+            else:
+                selector.register(a, WRITE, "a")
+                selector.select(0)
+
+                def operation(selector=selector, a=a):
+                    selector.modify(a, READ, "a")
+            if not _interrupted(selector, operation, target, filenames):
+                break
+            landed += 1
+            selector.register(c, READ, "c")
+            for _ in range(3):
+                ready = selector.select(0)
+                names = sorted(key.data for key, _ in ready)
+                assert "c" not in names, (
+                    f"{operation_name} interrupted at point {target}: the never-readable "
+                    f"socket was reported ({ready})")
+                key_of_a = selector.get_map().get(a)
+                if key_of_a is None:
+                    assert names == [], (operation_name, target, ready)
+                else:
+                    assert names == ["a"], (operation_name, target, ready, key_of_a)
+                    assert ready[0][1] == key_of_a.events & (READ | WRITE), (operation_name, target)
+            # Unregistering everything leaves nothing to report.
+            for sock in (a, c):
+                if selector.get_map().get(sock) is not None:
+                    selector.unregister(sock)
+            assert selector.select(0) == [], (operation_name, target)
+        finally:
+            selector.close()
+            for sock in (a, b, c, d):
+                sock.close()
+    return landed
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("operation", ["register", "unregister", "modify"])
+def test_a_change_interrupted_anywhere_misdirects_nothing(backend, operation):
+    """An exception landing at any bytecode of register()/unregister()/
+    modify() (a signal handler's, KeyboardInterrupt), before or after the
+    change reached the port: Python's record and the port's agree by the
+    next select, or the difference is harmless; no readiness is ever
+    reported under another registration's key."""
+    import socknotify_loop.selector as selector_module
+    landed = _change_interrupted_everywhere(
+        lambda: NotifySelector(backend), (selector_module.__file__, port_module.__file__),
+        operation)
+    assert landed > 5
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not hasattr(selectors, "EpollSelector"), reason="Linux only: EpollSelector")
+@pytest.mark.parametrize("operation", ["register", "unregister", "modify"])
+def test_a_change_interrupted_anywhere_in_epoll_selector_misdirects_nothing(operation):
+    """The reference: selectors.EpollSelector under the same injections
+    (its own flaw, an epoll item left behind that a later register meets
+    as FileExistsError, is not checked here; it misdirects nothing)."""
+    landed = _change_interrupted_everywhere(
+        selectors.EpollSelector, (selectors.__file__,), operation)
+    assert landed > 5

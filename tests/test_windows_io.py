@@ -64,7 +64,7 @@ def run(loop, coro, timeout=60):
 
 @windows_only
 def test_io_completion_is_never_taken_for_a_socket():
-    """An OVERLAPPED address that equals a registration's slot is an I/O
+    """An OVERLAPPED address that equals a registration's tag is an I/O
     completion (EVENT_IO), not readiness of that socket: the core keeps the
     two apart, and select() hands the completion to the selector's
     io_completion_handler (and raises without one: nobody would finish it)."""
@@ -77,15 +77,15 @@ def test_io_completion_is_never_taken_for_a_socket():
     a, b = socket.socketpair()
     try:
         key = selector.register(a, 1)   # EVENT_READ
-        slot = selector._records[key.fd].slot
-        assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, slot)
+        tag = selector._records[key.fd].tag
+        assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, tag)
         with pytest.raises(RuntimeError, match="io_completion_handler"):
             selector.select(1)
         completed = []
         selector.io_completion_handler = completed.extend
-        assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, slot)
+        assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, tag)
         assert selector.select(1) == []
-        assert completed == [slot]
+        assert completed == [tag]
         b.send(b"x")
         assert [k.fileobj for k, _ in selector.select(1)] == [a]
     finally:
