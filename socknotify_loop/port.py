@@ -559,8 +559,9 @@ class Port:
         self._bound_changes = ffi.buffer(bound_changes)
         return memoryview(ffi.buffer(out)).cast("Q"), changes
 
-    def pack_bound_changes(self, changes: Sequence[Change]) -> None:
-        """Write ``changes`` at the front of the bound change buffer (the
+    def pack_bound_changes(self, changes: Sequence[Tuple[int, int, int, int, int]]) -> None:
+        """Write ``changes`` (each a :class:`Change` or its five numbers) at
+        the front of the bound change buffer (the
         caller made it large enough with :meth:`bind_select_buffers`).
         Their results are marked unseen until a select reads them: the core
         writes every result of the changes it takes, so
