@@ -197,13 +197,34 @@ static DWORD afd__disable(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
     return 0;
 }
 
+/* Whether the socket a state polls was closed, asked of the process's
+   handle table only (GetHandleInformation on the base handle, which AFD
+   polls and which closes with the caller's socket), never of the socket.
+   A REMOVE is applied by whichever thread enters next, typically just as
+   the application closes the socket in its own (the selector's
+   unregister-then-close, asyncio's order), and any Winsock call on the
+   socket is an I/O request on it. Wine 8.0's server frees a socket object
+   whose last handle is closed even while such a request still holds the
+   socket's file (server/fd.c, DECL_HANDLER(ioctl) and server/async.c,
+   async_handoff keep it until the caller's wait); the file's user is then
+   freed memory, and set_fd_signaled (fd.c) or sock_poll_event (sock.c,
+   its assertion on obj.ops) touches it: the wineserver dies, or an event
+   of the closed socket lands on a new one allocated in its place. A
+   closed value taken over by another handle reads as open here, as a
+   value taken over by another socket did for getsockopt(): the REMOVE
+   then succeeds and its REMOVE event comes. */
+static DWORD afd__closed(const afd_sock_t *sock) {
+    DWORD flags;
+    return GetHandleInformation((HANDLE)sock->base, &flags) ? 0 : WSAENOTSOCK;
+}
+
 static DWORD afd__remove(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {
     afd_sock_t *sock = sn_afd_sock_find(&ap->socks, reg->socket);
     DWORD error;
 
     if (sock == NULL)
         return ERROR_NOT_FOUND;
-    if ((error = sn_afd_ws_check(reg->socket)) != 0) {
+    if ((error = afd__closed(sock)) != 0) {
         /* closesocket() already ended this registration (PSN would fail the
            REMOVE too, and send no REMOVE event). */
         sn_afd_sock_detach(&ap->socks, sock, AFD_FATE_ORPHAN);

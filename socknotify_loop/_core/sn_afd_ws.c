@@ -89,11 +89,17 @@ DWORD sn_afd_ws_base_socket(SOCKET socket, SOCKET *base) {
 
 /* The base-handle ioctls cannot tell whether a socket is still open: Wine
    8 answers SIO_BASE_HANDLE for a closed handle as for an open one. */
-DWORD sn_afd_ws_check(SOCKET socket) {
+static DWORD ws__check(SOCKET socket) {
     int type = 0, len = sizeof type;
     if (getsockopt(socket, SOL_SOCKET, SO_TYPE, (char *)&type, &len) != 0)
         return (DWORD)WSAGetLastError();
     return 0;
+}
+
+sn_afd_ws_check_fn sn_afd_ws_check_socket = ws__check;
+
+DWORD sn_afd_ws_check(SOCKET socket) {
+    return sn_afd_ws_check_socket(socket);
 }
 
 #endif /* _WIN32 */

@@ -37,5 +37,11 @@ extern sn_afd_ws_query_fn sn_afd_ws_query;
    (WSAENOTSOCK once it was closed). */
 DWORD sn_afd_ws_check(SOCKET socket);
 
+/* How sn_afd_ws_check asks: getsockopt(SO_TYPE) by default; the seam
+   through which tests/c/ counts the questions put to a caller's socket.
+   Set only while no other thread is inside the polyfill. */
+typedef DWORD (*sn_afd_ws_check_fn)(SOCKET socket);
+extern sn_afd_ws_check_fn sn_afd_ws_check_socket;
+
 #endif /* _WIN32 */
 #endif /* SN_AFD_WS_H */

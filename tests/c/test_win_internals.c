@@ -18,6 +18,15 @@
  *      is compiled exactly as it ships; the wrapper can also refuse
  *      memory, for the out-of-memory path.
  *
+ *   3. What OP_REMOVE asks of the caller's socket: nothing (counted through
+ *      both Winsock seams, sn_afd_ws_query and sn_afd_ws_check_socket). A
+ *      REMOVE is applied by the selecting thread just as the application
+ *      closes the socket in its own (unregister, then close: asyncio's
+ *      order), and under Wine 8.0 an ioctl on a socket that another
+ *      thread closes meanwhile is a use-after-free in the wineserver
+ *      (see sn_afd.c, afd__remove), which kills it. A REMOVE of a closed
+ *      socket must still fail.
+ *
  * Built with mingw-w64 and run under Wine by tests/c/run_wine.sh, next to
  * test_afd_polyfill.c. Exit status: 0 when every check passed.
  */
@@ -339,6 +348,91 @@ static void test_polyfill_through_lsp(void) {
     closesocket(base_peer);
 }
 
+/* ------------------------------------------- what OP_REMOVE asks */
+
+static int socket_questions;
+static sn_afd_ws_check_fn real_check;
+
+static DWORD counting_query(SOCKET socket, DWORD ioctl, SOCKET *answer) {
+    socket_questions++;
+    return real_query(socket, ioctl, answer);
+}
+
+static DWORD counting_check(SOCKET socket) {
+    socket_questions++;
+    return real_check(socket);
+}
+
+/* One registration change through the polyfill, register-only; the
+   questions it put to Winsock about sockets are counted. */
+static DWORD change_counted(HANDLE port, SOCKET s, ULONG_PTR key, UINT16 filter,
+                            UINT8 op, int *questions) {
+    SOCK_NOTIFY_REGISTRATION r;
+    DWORD rc;
+    memset(&r, 0, sizeof r);
+    r.socket = s;
+    r.completionKey = (PVOID)key;
+    r.eventFilter = filter;
+    r.operation = op;
+    r.triggerFlags = op == SOCK_NOTIFY_OP_ENABLE
+        ? SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_LEVEL : 0;
+    socket_questions = 0;
+    sn_afd_ws_query = counting_query;
+    sn_afd_ws_check_socket = counting_check;
+    rc = sn_afd_process_socket_notifications(port, 1, &r, 0, 0, NULL, NULL);
+    sn_afd_ws_query = real_query;
+    sn_afd_ws_check_socket = real_check;
+    *questions = socket_questions;
+    return rc == ERROR_SUCCESS ? r.registrationResult : rc;
+}
+
+/* The next notification's events for `key` within `ms`, or 0. */
+static UINT32 next_event(HANDLE port, ULONG_PTR key, DWORD ms) {
+    OVERLAPPED_ENTRY e[4];
+    UINT32 got = 0;
+    if (sn_afd_process_socket_notifications(port, 0, NULL, ms, 4, e, &got) != ERROR_SUCCESS ||
+        got != 1 || e[0].lpCompletionKey != key)
+        return 0;
+    return e[0].dwNumberOfBytesTransferred;
+}
+
+static void test_remove_asks_the_socket_nothing(void) {
+    SOCKET a, b;
+    int questions = -1;
+    HANDLE port = CreateIoCompletionPort(INVALID_HANDLE_VALUE, NULL, 0, 0);
+    make_pair(&a, &b);
+
+    /* A poll in flight (nothing to read): REMOVE, then its event. */
+    CHECK_EQ(change_counted(port, a, 7, SOCK_NOTIFY_REGISTER_EVENT_IN,
+                            SOCK_NOTIFY_OP_ENABLE, &questions), 0);
+    CHECK(questions > 0);   /* a new registration is checked, and its base found */
+    CHECK_EQ(next_event(port, 7, 30), 0);
+    CHECK_EQ(change_counted(port, a, 7, 0, SOCK_NOTIFY_OP_REMOVE, &questions), 0);
+    CHECK_EQ(questions, 0);
+    CHECK_EQ(next_event(port, 7, 2000), SOCK_NOTIFY_EVENT_REMOVE);
+
+    /* Idle (the one-shot delivered): REMOVE, then its event. */
+    CHECK_EQ(change_counted(port, a, 8, SOCK_NOTIFY_REGISTER_EVENT_OUT,
+                            SOCK_NOTIFY_OP_ENABLE, &questions), 0);
+    CHECK_EQ(next_event(port, 8, 2000), SOCK_NOTIFY_EVENT_OUT);
+    CHECK_EQ(change_counted(port, a, 8, 0, SOCK_NOTIFY_OP_REMOVE, &questions), 0);
+    CHECK_EQ(questions, 0);
+    CHECK_EQ(next_event(port, 8, 2000), SOCK_NOTIFY_EVENT_REMOVE);
+
+    /* Closed first: the REMOVE still fails, and no REMOVE event comes. */
+    CHECK_EQ(change_counted(port, a, 9, SOCK_NOTIFY_REGISTER_EVENT_OUT,
+                            SOCK_NOTIFY_OP_ENABLE, &questions), 0);
+    CHECK_EQ(next_event(port, 9, 2000), SOCK_NOTIFY_EVENT_OUT);
+    closesocket(a);
+    CHECK(change_counted(port, a, 9, 0, SOCK_NOTIFY_OP_REMOVE, &questions) != 0);
+    CHECK_EQ(questions, 0);
+    CHECK_EQ(next_event(port, 9, 50), 0);
+
+    sn_afd_port_closed(port);
+    CloseHandle(port);
+    closesocket(b);
+}
+
 /* ----------------------------------------------------- memory per wait */
 
 /* More than the 128 entries the port translates on the stack, fewer than
@@ -521,6 +615,7 @@ int main(void) {
         return 2;
     }
     real_query = sn_afd_ws_query;
+    real_check = sn_afd_ws_check_socket;
     setup_listener();
     RUN(test_base_plain);
     RUN(test_base_lsp_answers_itself);
@@ -529,6 +624,7 @@ int main(void) {
     RUN(test_base_cycle);
     RUN(test_base_wine);
     RUN(test_polyfill_through_lsp);
+    RUN(test_remove_asks_the_socket_nothing);
     RUN(test_select_allocates_once);
     RUN(test_busy_select_allocates_once);
     RUN(test_threads_share_buffers);

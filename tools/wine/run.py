@@ -10,7 +10,7 @@ import time
 
 from .config import CACHE, ROOT, load_file, log
 from .python import install_sitecustomize, pip_for_windows
-from .runtime import stop_wineserver, windows_path, wine_python
+from .runtime import SERVER_DIED, stop_wineserver, windows_path, wine_python
 
 TESTS = os.path.join(ROOT, "tests")
 #: what the tests need in the Windows Python when tests/ names nothing
@@ -97,6 +97,9 @@ def _run_windows_pytest(version: str, runs, rundir: str) -> int:
         log(f"pytest under Wine (Python {version}) exited {proc.returncode} "
             f"after {time.monotonic() - start:.0f} s")
         returncode = proc.returncode
+        if returncode == SERVER_DIED:
+            log("the wineserver died during this run: the tests after the one running "
+                "then did not run; the run fails")
         if returncode == 0 and not finished_pytest(proc.stdout.decode("utf-8", "replace")):
             # A Windows process that calls a function Wine does not
             # implement is ended with exit status 0: without pytest's

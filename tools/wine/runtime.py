@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 from .config import CACHE, log
 from .python import WINDOWS_PYTHONS, python_dir
@@ -42,6 +43,15 @@ def windows_path(path: str) -> str:
     return "Z:" + os.path.abspath(path).replace("/", "\\")
 
 
+#: What a Wine client prints when its wineserver dies (an assertion, such
+#: as Wine 8.0's ``server/sock.c:1331: sock_poll_event: Assertion
+#: `sock->obj.ops == &sock_ops' failed``, or a crash). The prefix's
+#: processes then wait forever for a server that is gone.
+SERVER_DEATH = (b"wineserver crashed", b"wineserver64: server/", b"wineserver: server/")
+#: The return code of a run whose wineserver died.
+SERVER_DIED = 125
+
+
 def wine_python(version: str, args, check: bool = True, timeout: float | None = None,
                 cwd: str | None = None, env: dict[str, str] | None = None,
                 echo: bool = True) -> subprocess.CompletedProcess:
@@ -50,6 +60,9 @@ def wine_python(version: str, args, check: bool = True, timeout: float | None = 
 
     ``timeout`` (seconds) bounds the run: past it, every process of the
     prefix is ended and the result's return code is 124 (timeout(1)'s).
+    A wineserver that dies (SERVER_DEATH in the output) ends the run at
+    once, with every process of the prefix and return code SERVER_DIED,
+    instead of leaving it to wait for the timeout.
     ``env`` replaces the version's own environment (wine_env), and names
     the prefix.
     """
@@ -66,25 +79,46 @@ def wine_python(version: str, args, check: bool = True, timeout: float | None = 
     assert proc.stdout is not None
     pipe = proc.stdout
     chunks: list[bytes] = []
+    server_died = threading.Event()
 
     def pump() -> None:
+        tail = b""
         for chunk in iter(lambda: pipe.read1(65536), b""):
             chunks.append(chunk)
             if echo:
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
+            # The message may straddle two chunks.
+            if any(sign in tail + chunk for sign in SERVER_DEATH):
+                server_died.set()
+            tail = chunk[-64:]
 
     reader = threading.Thread(target=pump, name="wine-output", daemon=True)
     reader.start()
-    try:
-        returncode = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        log(f"the Windows Python did not finish within {timeout:.0f} s: "
-            "ending every process of its Wine prefix")
-        proc.kill()
-        proc.wait()
-        stop_wineserver(version, env)
-        returncode = 124
+    deadline = None if timeout is None else time.monotonic() + timeout
+    returncode = None
+    while returncode is None:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            log(f"the Windows Python did not finish within {timeout:.0f} s: "
+                "ending every process of its Wine prefix")
+            proc.kill()
+            proc.wait()
+            stop_wineserver(version, env)
+            returncode = 124
+        elif server_died.wait(1.0 if left is None else min(left, 1.0)):
+            # Give the process a moment to exit by itself, then end it.
+            try:
+                returncode = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log("the wineserver of this prefix died (see above: a Wine bug, not a "
+                    "test verdict): ending every process of the prefix")
+                proc.kill()
+                proc.wait()
+                stop_wineserver(version, env)
+                returncode = SERVER_DIED
+        else:
+            returncode = proc.poll()
     # The end of the output is not the end of the process: the wineserver
     # that the first Windows process of a prefix starts, and the services it
     # starts in turn (services.exe, winedevice.exe, rpcss.exe...), inherit
