@@ -34,7 +34,7 @@ import threading
 import time
 
 import pytest
-from _platform import LINUX, running_under_wine
+from _platform import LINUX, WINE_CLOSE_RACE, running_under_wine
 from _sockets import nonblocking_pair
 
 from socknotify_loop import Loop
@@ -598,17 +598,7 @@ def test_changes_from_another_thread_while_selecting(backend):
     are never reported readable, no register raises, and when the dust
     settles the port holds exactly the registrations the selector has."""
     if backend != "epoll" and running_under_wine():
-        # Closing a socket while another thread's Winsock call on it is
-        # still in the server is legal on Windows (the call fails with
-        # WSAENOTSOCK at worst). Wine 8.0's server frees the socket object
-        # while that request still holds its file (server/sock.c,
-        # sock_destroy; the request from server/async.c), and then either
-        # crashes (the fd's user woken after the free) or applies the dead
-        # socket's events to whatever object took its memory: a stranger's
-        # readiness. This test makes that race thousands of times.
-        pytest.skip("Wine 8.0's wineserver frees a socket another thread's "
-                    "request still names (server/sock.c, sock_destroy): under "
-                    "Wine this race crashes the server or misreports events")
+        pytest.skip(WINE_CLOSE_RACE)
     sel = NotifySelector(backend)
     stop = threading.Event()
     false_reports = []
