@@ -158,7 +158,8 @@ def chroot_ready():
     """The sid chroot is made and stamped (tools/chroot.py's tree(): the
     same folder name, 'sid-chroot'), so its Debian tools need no apt-get."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.exists(os.path.join(base, "socknotify_loop", "sid-chroot", ".socknotify-chroot.json"))
+    return os.path.exists(os.path.join(base, "socknotify_loop", "sid-chroot",
+                                       ".socknotify-chroot.json"))
 
 
 def installed(package):
