@@ -80,8 +80,10 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
 }
 
 
-/* The deferred ENABLEs, written into kregs/memos; returns how many. */
-uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs, sn_memo_t *memos);
+/* The deferred ENABLEs, at most `limit` (the rest stay queued), written
+   into kregs/memos; returns how many. */
+uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs, sn_memo_t *memos,
+                              uint32_t limit);
 
 /* A deferred ENABLE that failed (memo kind SN_MEMO_DEFERRED_FAILED, its
    kreg holding the owner's key and filter): its owner, told it

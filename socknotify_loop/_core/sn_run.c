@@ -55,6 +55,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether the sink has room for one more entry: a notification, or a
+   (key, mask) pair in front of the I/O keys stored from the back. sn__run
+   never asks the backend for more events than the room left, so this
+   holds; it is checked at every write all the same, since a write past
+   the caller's buffer corrupts its memory. */
+static int sn__sink_room(const sn_sink_t *sink, int pair) {
+    if (sink->notes != NULL)
+        return sink->n < sink->cap;
+    return 2 * sink->n + sink->io + (pair ? 2u : 1u) <= sink->cap;
+}
+
 /* Turn kernel events into the sink's form (lock held). Returns how many
    were reported or, for select(), made the call return (a wake-up). */
 static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
@@ -67,10 +78,14 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         if (ev->posted) {
             /* A posted packet (events 0) or an I/O completion (SN_EVENT_IO). */
             if (sink->notes != NULL) {
+                if (!sn__sink_room(sink, 0))
+                    continue;
                 sink->notes[sink->n].key = ev->key;
                 sink->notes[sink->n].events = ev->events;
                 sink->n++;
             } else if (ev->events & SN_EVENT_IO) {
+                if (!sn__sink_room(sink, 0))
+                    continue;
                 sink->io++;
                 sink->out[sink->cap - sink->io] = ev->key;
             } else {
@@ -93,7 +108,7 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         if (ev->events & SN_EVENT_REMOVE) {
             if (record->state != SN_RECORD_REMOVING && (port->ops->caps & SN_CAP_KEY_FIXED))
                 continue;   /* not ours to end: no REMOVE was applied */
-            if (sink->notes != NULL && !record->quiet) {
+            if (sink->notes != NULL && !record->quiet && sn__sink_room(sink, 0)) {
                 sink->notes[sink->n].key = record->user_key;
                 sink->notes[sink->n].events = SN_EVENT_REMOVE;
                 sink->n++;
@@ -118,14 +133,14 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
             record->delivered = 1;
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
-            if (wanted == 0)
+            if (wanted == 0 || !sn__sink_room(sink, 0))
                 continue;
             sink->notes[sink->n].key = record->user_key;
             sink->notes[sink->n].events = wanted;
             sink->n++;
         } else {
             uint64_t mask = sn__select_mask(record->events, ev->events);
-            if (mask == 0)
+            if (mask == 0 || !sn__sink_room(sink, 1))
                 continue;
             sink->out[2 * sink->n] = record->user_key;
             sink->out[2 * sink->n + 1] = mask;
@@ -172,6 +187,11 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     sn_memo_t *memos = stack_memos;
     sn_kevent_t *events = stack_events;
     uint32_t internal = 0, total, refused, kcap = SN_STACK_REGS, callers = count, rounds = 0;
+    /* The deferred ENABLEs in the batch at hand: each may fail, and its
+       failure takes an entry of the answer, so the wait is asked for that
+       many events fewer (the answer's room: max_events entries, of which
+       `base` were written before). */
+    uint32_t ndeferred = 0, base = sink->n + sink->io;
     int64_t deadline = 0;
     int scratch = 0;     /* kregs and memos are the port's (select path) */
     int err = 0;
@@ -218,9 +238,11 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     refused = count != 0 ? sn__prepare(port, flags, regs, kregs, memos, count) : 0;
     if ((flags & SN_PROCESS_REARM) && port->rearm_count != 0)
         internal = sn__prepare_rearms(port, kregs + count, memos + count);
-    if (port->deferred_count != 0)
-        internal += sn__prepare_deferred(port, kregs + count + internal,
-                                         memos + count + internal);
+    if (port->deferred_count != 0) {
+        ndeferred = sn__prepare_deferred(port, kregs + count + internal,
+                                         memos + count + internal, max_events);
+        internal += ndeferred;
+    }
     total = count + internal;
     if (total != 0 && (port->ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
         /* Applied (a system call each, never blocking) and settled under
@@ -245,9 +267,15 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
 
     for (;;) {
         uint32_t got = 0, dropped = 0, reported;
+        uint32_t used = sink->n + sink->io - base, wait_max;
         int deferred = 0;
-        err = port->ops->process(port, kregs, total, timeout_ms,
-                                 events, max_events, &got, &dropped);
+        /* Room for the events of this wait: the answer's, less what is
+           written already and one entry per deferred ENABLE in the batch.
+           None left (a caller with room for one, and a deferred ENABLE):
+           the batch is applied without waiting, then the wait follows. */
+        wait_max = max_events > used + ndeferred ? max_events - used - ndeferred : 0;
+        err = port->ops->process(port, kregs, total, wait_max != 0 ? timeout_ms : 0,
+                                 events, wait_max, &got, &dropped);
         reported = 0;
         if (total != 0 || got != 0) {
             sn_mutex_lock(&port->lock);
@@ -263,9 +291,11 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             deferred = port->deferred_count != 0;
             sn_mutex_unlock(&port->lock);
         }
-        if (err != 0 || reported != 0)
-            break;
-        if (timeout_ms == 0) {
+        if (err != 0 || reported != 0 || max_events == 0)
+            break;    /* (registrations only: deferred ENABLEs wait for a call with room) */
+        if (wait_max == 0) {
+            /* Only applied, to keep room for its failures: now the wait. */
+        } else if (timeout_ms == 0) {
             /* A poll still applies the ENABLEs that waited for a REMOVE
                event it dequeued: one more call, that does not wait. */
             if (!deferred || rounds++ != 0)
@@ -277,7 +307,7 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             break;       /* woken by close() */
         /* Everything dequeued was dropped: wait again for what is left,
            with the ENABLEs that waited for a REMOVE event just dequeued. */
-        if (timeout_ms > 0) {
+        if (timeout_ms > 0 && wait_max != 0) {
             timeout_ms = sn_time_left(deadline);
             if (timeout_ms == 0)
                 break;
@@ -305,8 +335,9 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                 kcap = port->deferred_count;
             }
         }
-        if (port->deferred_count <= kcap)
-            total = sn__prepare_deferred(port, kregs, memos);
+        used = max_events - (sink->n + sink->io - base);   /* now the room left */
+        total = sn__prepare_deferred(port, kregs, memos, used < kcap ? used : kcap);
+        ndeferred = total;
         sn_mutex_unlock(&port->lock);
     }
 out:
