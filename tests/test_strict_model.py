@@ -30,6 +30,7 @@ from socknotify_loop import Loop, probe
 from socknotify_loop.launcher import main
 from socknotify_loop.port import (
     EVENT_IN,
+    EVENT_OUT,
     EVENT_REMOVE,
     OP_DISABLE,
     OP_REMOVE,
@@ -61,6 +62,35 @@ def control(port: Port, what: int, sock=None, value: int = 0) -> int:
 
 def refuse(port: Port, sock) -> None:
     control(port, lib.SN_MODEL_REFUSE, sock, 1)
+
+
+def set_modes(port: Port, modes: int) -> None:
+    """Give the port's model these SN_MODEL_MODE_* flags."""
+    control(port, lib.SN_MODEL_MODES, None, modes)
+
+
+#: Calls a test tells the model to fail: more than the port makes while it
+#: takes a failed batch apart, so that the failure is the port's own.
+FAIL_FOR_GOOD = 1000
+
+
+def socket_on_handle(handle: int, tries: int = 64) -> tuple[socket.socket, socket.socket]:
+    """A connected pair whose first socket has the handle value ``handle``
+    (closed just before): Windows hands values out again at once. Skips
+    if none comes."""
+    spare = []
+    try:
+        for _ in range(tries):
+            a, b = nonblocking_pair()
+            if a.fileno() == handle:
+                return a, b
+            if b.fileno() == handle:
+                return b, a
+            spare += [a, b]
+    finally:
+        for s in spare:
+            s.close()
+    pytest.skip("no new socket took the closed handle value")
 
 
 def wait_for(port, key, timeout=2.0, regs=()):
@@ -107,10 +137,11 @@ def test_forgiving_polyfill_answers_otherwise(question):
 def test_model_fails_a_whole_call_and_changes_nothing():
     a, b = nonblocking_pair()
     with a, b, Port("strict") as port:
-        control(port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, FAIL_FOR_GOOD)
         reg = Registration(a, 1, EVENT_IN)
         with pytest.raises(OSError):
             port.process([reg], timeout=0)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 0)
         assert reg.result != 0
         assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
 
@@ -266,14 +297,186 @@ def test_port_whole_call_failure_keeps_the_registrations():
     a, b = nonblocking_pair()
     with a, b, Port("strict") as port:
         port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
-        control(port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, FAIL_FOR_GOOD)
         remove = Registration(a, 1, 0, OP_REMOVE)
         with pytest.raises(OSError):
             port.process([remove], timeout=0)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 0)
         # Nothing changed: still registered, still notified.
         assert port.registered == 1
         b.send(b"x")
         assert wait_for(port, 1) == EVENT_IN
+
+
+def test_port_whole_call_failure_once_applies_the_batch():
+    """A call that fails as a whole once (a transient fault): the port
+    applies the batch registration by registration, and nothing is lost
+    or raised."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        reg = Registration(a, 1, EVENT_IN, trigger=PERSISTENT)
+        port.process([reg], timeout=0)
+        assert reg.result == 0
+        b.send(b"x")
+        assert wait_for(port, 1) == EVENT_IN
+
+
+@pytest.mark.timeout(60)
+def test_port_bad_handle_failing_the_whole_call_fails_its_change_alone():
+    """A REMOVE for a socket its owner closed already, in a batch with
+    another socket's ENABLE, on an OS that fails the whole call for a bad
+    handle: the ENABLE is applied, the REMOVE alone fails, and later calls
+    do not fail again."""
+    a, b = nonblocking_pair()
+    c, d = nonblocking_pair()
+    e, f = nonblocking_pair()
+    with a, b, c, d, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL)
+        port.process([Registration(e, 5, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        handle = e.fileno()
+        e.close()
+        f.close()
+        remove = Registration(handle, 5, 0, OP_REMOVE)
+        enable = Registration(a, 1, EVENT_IN, trigger=PERSISTENT)
+        b.send(b"x")
+        start = time.monotonic()
+        with pytest.raises(OSError) as raised:
+            port.process([remove, enable], timeout=5)
+        # The REMOVE's own error, not the call's: the ENABLE went through.
+        assert raised.value.winerror == remove.result != 0
+        assert enable.result == 0
+        assert time.monotonic() - start < 4
+        assert wait_for(port, 1) == EVENT_IN
+        port.process([Registration(c, 3, EVENT_IN)], timeout=0)   # no failure left over
+
+
+@pytest.mark.timeout(60)
+def test_selector_survives_a_closed_socket_failing_the_whole_call():
+    """asyncio's pattern: a socket closed before its unregister reached the
+    port. Every select must go on, and the other registrations work."""
+    a, b = nonblocking_pair()
+    c, d = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        set_modes(sel.port, lib.SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL)
+        sel.register(c, EVENT_READ, "c")
+        sel.select(0)
+        sel.unregister(c)
+        c.close()
+        d.close()
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        seen = []
+        for _ in range(5):
+            seen += [key.data for key, _ in sel.select(0.2)]
+        assert "a" in seen
+
+
+@pytest.mark.timeout(60)
+def test_port_rekey_of_a_reused_handle_does_not_sit_out_the_wait():
+    """A handle value reused after closesocket() and registered under a
+    new key while readable: the old registration's REMOVE fails (the
+    socket is gone), and the ENABLE it held back must reach the kernel
+    before the wait, not after it."""
+    a, b = nonblocking_pair()
+    with Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            d.send(b"x")
+            time.sleep(0.05)
+            start = time.monotonic()
+            notes = port.process([Registration(c, 2, EVENT_IN)], timeout=5)
+            assert notes == [(2, EVENT_IN)]
+            assert time.monotonic() - start < 2
+
+
+@pytest.mark.timeout(60)
+def test_port_refused_modify_does_not_sit_out_the_wait():
+    """A modify of a registration the OS holds (IN to IN|OUT on a writable
+    socket) that the OS refuses: the port must hear of it before the wait
+    and let the polyfill serve the socket, not wait out the timeout."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        refuse(port, a)
+        try:
+            start = time.monotonic()
+            notes = port.process([Registration(a, 1, EVENT_IN | EVENT_OUT)], timeout=5)
+            assert time.monotonic() - start < 2
+            assert notes == [(1, EVENT_OUT)]
+        finally:
+            lib.sn_model_control(port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+
+
+@pytest.mark.timeout(60)
+def test_refused_socket_falls_back_under_a_plain_wait():
+    """The OS's wait is a plain GetQueuedCompletionStatusEx: the polyfill's
+    packets for a refused socket reach the port as they are, and the port
+    must turn them into events."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_PLAIN_WAIT)
+        refuse(port, a)
+        try:
+            b.send(b"x")
+            start = time.monotonic()
+            assert port.process([Registration(a, 1, EVENT_IN)], timeout=5) == [(1, EVENT_IN)]
+            assert time.monotonic() - start < 2
+            assert port.counters()["fallbacks"] == 1
+            a.recv(10)
+            b.send(b"y")
+            assert wait_for(port, 1, regs=[Registration(a, 1, EVENT_IN)]) == EVENT_IN
+            assert wait_for(port, 1, regs=[Registration(a, 1, 0, OP_REMOVE)]) == EVENT_REMOVE
+        finally:
+            lib.sn_model_control(port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+
+
+def test_port_disable_carries_a_trigger():
+    """DISABLE with no trigger flags from the caller, on a model that wants
+    LEVEL or EDGE with DISABLE as with ENABLE: the port sends the
+    registration's own."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER)
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        disable = Registration(a, 1, EVENT_IN, OP_DISABLE, trigger=0)
+        port.process([disable], timeout=0)
+        assert disable.result == 0
+
+
+def test_port_timeout_as_error_timeout():
+    """A wait that times out with ERROR_TIMEOUT (one reference page's
+    word) is a timeout, not a failure."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_ERROR_TIMEOUT)
+        assert port.process([Registration(a, 1, EVENT_IN)], timeout=0.05) == []
+        assert port.process(timeout=0) == []
+
+
+@pytest.mark.timeout(60)
+def test_port_drops_what_a_closed_socket_left_queued():
+    """closesocket() with a notification queued: it must not reach the
+    socket that takes the handle value next, under its new key."""
+    a, b = nonblocking_pair()
+    with Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_STALE_AFTER_CLOSE)
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            notes = port.process([Registration(c, 2, EVENT_IN, trigger=PERSISTENT)],
+                                 timeout=0.3)
+            notes += port.process(timeout=0.3)
+            assert notes == []
+            d.send(b"x")
+            assert wait_for(port, 2) == EVENT_IN
 
 
 # -- the selector on the model ------------------------------------------------------------
@@ -342,9 +545,10 @@ def test_selector_whole_call_failure_loses_nothing():
         b.send(b"x")
         assert [k.data for k, _ in sel.select(2)] == ["a"]
         sel.register(c, EVENT_READ, "c")      # a change for the failing call
-        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, FAIL_FOR_GOOD)
         with pytest.raises(OSError):
             sel.select(0)
+        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, 0)
         # The re-arm of a and the registration of c both survive.
         d.send(b"y")
         seen = set()

@@ -36,8 +36,11 @@
  *     sockets tied to another completion port. The selector asks
  *     sn_port_check() (is it an open socket?) at register() time and the
  *     port layer refuses bad arguments before the call; a batch that
- *     registers a new socket is applied in a call of its own before the
- *     wait, and a socket the OS refuses while it is still open is served
+ *     brings a caller's ENABLE (a new socket's, or a modify: either may be
+ *     refused) is applied in a call of its own before the wait, and a
+ *     call that fails as a whole is taken apart registration by
+ *     registration (iocp__isolate); a socket the OS refuses while it is
+ *     still open is served
  *     by the polyfill on the same port (sn_iocp_fallback.c). What
  *     remains is a socket closed between register() and the next select;
  *     its failure is reported when the call returns. (The polyfill, which
@@ -250,6 +253,49 @@ static int iocp__whole_call_failed(DWORD rc) {
     return rc != ERROR_SUCCESS && rc != WAIT_TIMEOUT && rc != ERROR_TIMEOUT;
 }
 
+/* A call that failed as a whole ("the entire operation failed, and no
+   changes occurred"), for a reason that may not go away: the article's
+   threaded sample says the call "can fail ... due to invalid input such
+   as a bad handle", and asyncio routinely queues a REMOVE for a socket
+   its owner has closed already. Sent again as it was, the batch would
+   fail again at every call, and the loop with it. So each registration
+   is applied alone, without waiting: those the OS takes are applied,
+   and one that fails a call of its own gets that call's error as its
+   own result, which reaches its owner alone. If every one fails alone
+   and a call with no registration at all fails too, the fault is the
+   port's, not a registration's: nothing was applied (SN_RESULT_UNAPPLIED,
+   as before) and the error is returned. Returns 0 when the batch is
+   settled, *refused set if a caller's ENABLE still failed. */
+static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
+                         SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
+                         uint32_t count, DWORD rc, int *refused) {
+    uint32_t i, tried = 0, failed = 0;
+    DWORD one;
+    for (i = 0; i < count; i++) {
+        if (routed[i] || kregs[i].operation == SOCK_NOTIFY_OP_NONE)
+            continue;
+        tried++;
+        SN_COUNT(port, SN_COUNT_WAITS);
+        kregs[i].registrationResult = ERROR_SUCCESS;
+        one = ip->process(ip->iocp, 1, &kregs[i], 0, 0, NULL, NULL);
+        if (iocp__whole_call_failed(one)) {
+            kregs[i].registrationResult = one;
+            failed++;
+        }
+    }
+    if (tried != 0 && failed == tried) {
+        SN_COUNT(port, SN_COUNT_WAITS);
+        if (iocp__whole_call_failed(ip->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL))) {
+            for (i = 0; i < count; i++)
+                if (!routed[i])
+                    regs[i].result = SN_RESULT_UNAPPLIED;
+            return (int)rc;
+        }
+    }
+    *refused = iocp__verdicts(port, ip, regs, kregs, routed, count);
+    return 0;
+}
+
 static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
                          int64_t timeout_ms, sn_kevent_t *events, uint32_t max_events,
                          uint32_t *received, uint32_t *dropped) {
@@ -264,7 +310,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     UINT32 got = 0, j;
     DWORD rc, result;
     uint32_t i;
-    int err = 0, first_enable = 0;
+    int err = 0, first_enable = 0, refused = 0;
 
     *received = 0;
     *dropped = 0;
@@ -295,25 +341,30 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
             /* A socket the polyfill serves: every change went there. */
             regs[i].result = (uint32_t)result;
             routed[i] = 1;
-        } else if (regs[i].op == SN_OP_ENABLE && !(regs[i].trigger & SN_TRIGGER_MODIFY_ONLY)) {
+        } else if (regs[i].op == SN_OP_ENABLE && !(regs[i].trigger & SN_TRIGGER_REARM)) {
+            /* Not only a socket's first ENABLE may be refused: a modify
+               of a registration the OS holds (add_writer on a socket
+               registered for reading) may be too, and its owner must
+               not wait for the wait to end to hear of it. */
             first_enable = 1;
         }
     }
 
     if (first_enable && max_events != 0 && timeout_ms != 0) {
-        /* A new socket may be refused: hear it before waiting. */
+        /* A caller's ENABLE may be refused: hear it before waiting. */
         SN_COUNT(port, SN_COUNT_WAITS);
         rc = ip->process(ip->iocp, count, kregs, 0, 0, NULL, NULL);
         if (iocp__whole_call_failed(rc)) {
-            /* "The entire operation failed, and no changes occurred." */
-            for (i = 0; i < count; i++)
-                if (!routed[i])
-                    regs[i].result = SN_RESULT_UNAPPLIED;
-            err = (int)rc;
-            goto out;
-        }
-        if (iocp__verdicts(port, ip, regs, kregs, routed, count))
+            /* "The entire operation failed, and no changes occurred": find
+               the registration that makes it fail. */
+            if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc,
+                                     &refused)) != 0)
+                goto out;
+            if (refused)
+                timeout_ms = 0;
+        } else if (iocp__verdicts(port, ip, regs, kregs, routed, count)) {
             timeout_ms = 0;
+        }
         count = 0;
     }
 
@@ -328,11 +379,19 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     }
     if (count != 0) {
         if (iocp__whole_call_failed(rc)) {
-            /* Nothing was applied: the port layer keeps every record as
-               it was (SN_RESULT_UNAPPLIED), and the call fails. */
-            for (i = 0; i < count; i++)
-                if (!routed[i])
-                    regs[i].result = SN_RESULT_UNAPPLIED;
+            /* Nothing was applied, nor waited for: each registration
+               alone, then (unless the port itself fails: the port layer
+               keeps every record as it was, SN_RESULT_UNAPPLIED, and the
+               call fails) a poll for what is at hand. The caller then
+               hears at once of the change that failed. */
+            if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc,
+                                     &refused)) != 0)
+                goto out;
+            SN_COUNT(port, SN_COUNT_WAITS);
+            rc = max_events == 0
+                     ? ip->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL)
+                     : ip->process(ip->iocp, 0, NULL, refused ? 0 : iocp__timeout(timeout_ms),
+                                   max_events, entries, &got);
         } else {
             iocp__verdicts(port, ip, regs, kregs, routed, count);
         }
@@ -343,10 +402,16 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         err = (int)rc;
         goto out;
     }
-    if (!ip->polyfill && !ip->model) {
-        /* The polyfill's packets came out of the OS's wait: its own. */
+    if (!ip->polyfill) {
+        /* The polyfill's packets came out of the OS's wait: its own. (The
+           strict model's wait translates them itself unless it is a plain
+           GetQueuedCompletionStatusEx, as the OS's is: then the model
+           leaves the fallback's packets to this line, and any packet of a
+           registration the model has dropped to the next.) */
         UINT32 left = (UINT32)sn_iocp_fallback_translate(&ip->fallbacks, ip->iocp,
                                                          entries, got);
+        if (ip->model)
+            left = (UINT32)sn_afd_translate(ip->iocp, entries, left);
         *dropped += got - left;
         got = left;
     }

@@ -150,6 +150,16 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
     return sink->n + sink->io + (uint32_t)sink->woken - before;
 }
 
+/* Whether a caller's change in the batch is a REMOVE that holds an ENABLE
+   back until its REMOVE event (a re-key: sn_translate.c). */
+static int sn__holds_enable_back(const sn_memo_t *memos, uint32_t callers) {
+    uint32_t i;
+    for (i = 0; i < callers; i++)
+        if (!memos[i].skip && memos[i].waits == 2)
+            return 1;
+    return 0;
+}
+
 /* Small batches translate on the stack; larger ones allocate, except on
    the select path, which keeps its buffers in the port. */
 #define SN_STACK_REGS    16
@@ -264,6 +274,34 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
     /* A change refused here is news for the caller: do not sit on it. */
     if (refused != 0)
         timeout_ms = 0;
+    if (total != 0 && timeout_ms != 0 && max_events != 0 &&
+        sn__holds_enable_back(memos, callers)) {
+        /* A re-key (or a handle value reused after closesocket()) is a
+           quiet REMOVE whose ENABLE waits for its REMOVE event, or goes at
+           once if the REMOVE fails because the socket was closed. Only
+           the call's end tells which, and a call that waits ends when
+           something arrives: the ENABLE could sit out the whole wait on a
+           readable socket. So this batch is applied without waiting, and
+           the ENABLE it frees rides in the wait. */
+        uint32_t got = 0, dropped = 0, before;
+        err = port->ops->process(port, kregs, total, 0, events, 0, &got, &dropped);
+        sn_mutex_lock(&port->lock);
+        before = sink->n;
+        sn__settle(port, flags, regs, kregs, memos, callers, total, err);
+        sn__report_deferred_failures(kregs, memos, callers, total, sink);
+        if (sink->n != before)
+            timeout_ms = 0;    /* an ENABLE its owner thought applied failed */
+        callers = 0;
+        total = ndeferred = 0;
+        if (err == 0) {
+            uint32_t room = max_events - (sink->n + sink->io - base);
+            total = ndeferred = sn__prepare_deferred(port, kregs, memos,
+                                                     room < kcap ? room : kcap);
+        }
+        sn_mutex_unlock(&port->lock);
+        if (err != 0)
+            goto out;
+    }
 
     for (;;) {
         uint32_t got = 0, dropped = 0, reported;

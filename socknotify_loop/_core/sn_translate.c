@@ -197,6 +197,10 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                 /* Nothing is reported from now on, even what the kernel
                    had queued before ("might still be delivered"). */
                 record->disabled = 1;
+                /* With the trigger of the ENABLE it ends, whatever the
+                   caller gave: the reference page's "one of LEVEL or EDGE
+                   must be supplied" may hold for DISABLE too. */
+                kreg->trigger = record->trigger;
             }
             break;
         case SN_OP_NONE:

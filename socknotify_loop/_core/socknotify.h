@@ -289,6 +289,25 @@ void sn_port_free(sn_port_t *port);
                                    _TIED_HERE, _TIED_REMOVING (REMOVE applied, its event
                                    not yet dequeued), _TIED_ELSEWHERE */
 #define SN_MODEL_KEY         4  /* the completion key the model delivers for `socket` */
+#define SN_MODEL_MODES       5  /* the port's modes become `value` (SN_MODEL_MODE_* flags);
+                                   answers the modes before. A port starts with the modes
+                                   in the environment variable SOCKNOTIFY_STRICT_MODES (a
+                                   number, or "harshest") */
+/* The model's modes (docs/strict-model.md gives each one's sentence of
+   Microsoft's documentation). */
+#define SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL  0x01  /* a handle that is no socket fails the
+                                                      whole call, applying nothing */
+#define SN_MODEL_MODE_PLAIN_WAIT             0x02  /* the wait is a plain
+                                                      GetQueuedCompletionStatusEx: other
+                                                      packets (the polyfill's) reach the port
+                                                      as they are */
+#define SN_MODEL_MODE_ERROR_TIMEOUT          0x04  /* a wait that times out returns
+                                                      ERROR_TIMEOUT (1460), not WAIT_TIMEOUT */
+#define SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER  0x08  /* DISABLE without LEVEL or EDGE refused */
+#define SN_MODEL_MODE_STALE_AFTER_CLOSE      0x10  /* a registration ended by closesocket()
+                                                      leaves a notification queued under its
+                                                      key */
+#define SN_MODEL_MODES_HARSHEST              0x1F
 #define SN_MODEL_UNTIED          0
 #define SN_MODEL_TIED_HERE       1
 #define SN_MODEL_TIED_REMOVING   2
