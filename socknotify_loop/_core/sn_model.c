@@ -103,6 +103,9 @@
 
 #define MODEL_REFUSED_MAX 64
 #define MODEL_STACK_REGS 64
+/* Waits of a zero-timeout plain wait that dequeued only the model's own
+   packets (the polyfill's AFD_POLL_ONLY_ROUNDS, for the same reason). */
+#define MODEL_POLL_ROUNDS 4
 
 /* The errors the model answers with (see the essay). */
 #define MODEL_ERR_TIED      ERROR_INVALID_PARAMETER
@@ -540,8 +543,9 @@ static DWORD model__timeout(const model_port_t *mp, DWORD rc) {
    fallback serves -- is handed on as it came, for the port to turn into
    events (sn_iocp_fallback.c), as it must on Windows. */
 static DWORD model__plain_wait(HANDLE iocp, model_port_t *mp, UINT32 timeoutMs, ULONG count,
-                               OVERLAPPED_ENTRY *entries, UINT32 *got_out) {
+                               OVERLAPPED_ENTRY *entries, UINT32 *got_out, ULONG *raw) {
     ULONG got = 0, j, n = 0;
+    *raw = 0;
     if (!GetQueuedCompletionStatusEx(iocp, entries, count, &got, timeoutMs, FALSE)) {
         DWORD error = GetLastError();
         return error == WAIT_TIMEOUT ? WAIT_TIMEOUT : error;
@@ -557,6 +561,7 @@ static DWORD model__plain_wait(HANDLE iocp, model_port_t *mp, UINT32 timeoutMs, 
         entries[n++] = e;
     }
     ReleaseSRWLockExclusive(&model__lock);
+    *raw = got;
     *got_out = (UINT32)n;
     return ERROR_SUCCESS;
 }
@@ -572,7 +577,7 @@ DWORD WINAPI sn_model_process_socket_notifications(
     model_port_t *mp;
     int64_t deadline = 0;
     DWORD rc;
-    UINT32 i;
+    UINT32 i, rounds = 0;
 
     if (receivedEntryCount != NULL)
         *receivedEntryCount = 0;
@@ -621,10 +626,10 @@ DWORD WINAPI sn_model_process_socket_notifications(
         deadline = sn_deadline(timeoutMs);
     for (;;) {
         UINT32 got = 0;
-        ULONG n;
+        ULONG n, raw = 0;
         if (mp->modes & SN_MODEL_MODE_PLAIN_WAIT) {
             rc = model__plain_wait(completionPort, mp, timeoutMs, completionCount,
-                                   completionPortEntries, &got);
+                                   completionPortEntries, &got, &raw);
         } else {
             rc = sn_afd_process_socket_notifications(completionPort, 0, NULL, timeoutMs,
                                                      completionCount,
@@ -640,9 +645,15 @@ DWORD WINAPI sn_model_process_socket_notifications(
             return ERROR_SUCCESS;
         }
         /* Only edges already high, or the model's own poll packets: wait
-           again for the time that is left. */
-        if (timeoutMs == 0)
+           again for the time that is left. A poll finishes the model's own
+           work at hand first, as the polyfill's wait does: a modify is a
+           cancelled poll and its replacement in the polyfill, where the OS
+           would report the new filter's readiness in this very call. */
+        if (timeoutMs == 0) {
+            if (raw != 0 && ++rounds < MODEL_POLL_ROUNDS)
+                continue;
             return model__timeout(mp, WAIT_TIMEOUT);
+        }
         if (timeoutMs != INFINITE) {
             int64_t left = sn_time_left(deadline);
             if (left == 0)
