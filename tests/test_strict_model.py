@@ -322,6 +322,28 @@ def test_port_enable_without_level_or_edge_is_refused(backend):
         assert port.registered == 0
 
 
+def test_polyfill_alone_refuses_enable_without_level_or_edge():
+    """The polyfill's own check of the rule, with no port in front of it
+    (the bare function) and no model above it."""
+    question = next(q for q in probe.QUESTIONS if q.name == "ENABLE without LEVEL or EDGE")
+    assert probe.ask(question, "afd") == f"refused (error {ERROR_INVALID_PARAMETER})"
+
+
+def test_port_alone_refuses_enable_without_level_or_edge():
+    """The port's own check of the rule: the ENABLE never reaches the
+    function (a caller's ENABLE that does costs a call of its own before
+    the wait), so the model's and the polyfill's checks behind it are not
+    what refused it."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        before = port.counters()["waits"]
+        reg = Registration(a, 1, EVENT_IN, trigger=TRIGGER_PERSISTENT)
+        with pytest.raises(OSError):
+            port.process([reg], timeout=1)
+        assert reg.result == ERROR_INVALID_PARAMETER
+        assert port.counters()["waits"] - before == 1
+
+
 def test_port_edge_needs_draining():
     a, b = nonblocking_pair()
     with a, b, Port("strict") as port:
