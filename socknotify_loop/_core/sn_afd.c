@@ -134,24 +134,18 @@
 
 /* ---------------------------------------------------------- registrations */
 
+/* The trigger rules (sn__trigger_verdict) with the polyfill's answers:
+   level snapshots cannot make edges (see the essay at the top), so EDGE
+   is not honoured. */
 static DWORD afd__check_trigger(UINT8 trigger) {
-    UINT8 persistence = trigger & (SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_PERSISTENT);
-    UINT8 kind = trigger & (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE);
-    if (trigger & ~(SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_PERSISTENT |
-                    SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE))
-        return ERROR_INVALID_PARAMETER;
-    if (persistence == (SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_PERSISTENT) ||
-        kind == (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE))
-        return ERROR_INVALID_PARAMETER;
-    /* ENABLE needs a trigger: "one of SOCK_NOTIFY_TRIGGER_LEVEL or
-       SOCK_NOTIFY_TRIGGER_EDGE must be supplied" (ONESHOT or PERSISTENT
-       alone is invalid). */
-    if (kind == 0)
-        return ERROR_INVALID_PARAMETER;
-    /* Level snapshots cannot make edges: see the essay at the top. */
-    if (kind == SOCK_NOTIFY_TRIGGER_EDGE)
+    switch (sn__trigger_verdict(trigger, SN_TRIGGER_ALL & ~(unsigned)SN_TRIGGER_EDGE)) {
+    case 0:
+        return 0;
+    case SN_TRIGGER_VERDICT_UNSUPPORTED:
         return ERROR_NOT_SUPPORTED;
-    return 0;
+    default:
+        return ERROR_INVALID_PARAMETER;
+    }
 }
 
 static DWORD afd__enable(afd_port_t *ap, const SOCK_NOTIFY_REGISTRATION *reg) {

@@ -9,7 +9,7 @@
 #ifndef SN_CALL_H
 #define SN_CALL_H
 
-#include "sn_internal.h"
+#include "sn_record.h"
 
 /* What a call remembers about one kernel registration between handing it
    to the kernel and reading its verdict back (a memo; the selector's
@@ -20,12 +20,26 @@ typedef struct sn_memo {
     uint8_t skip;         /* rejected before reaching the kernel */
     uint8_t kind;         /* SN_MEMO_* */
     uint8_t fresh;        /* ENABLE: the record was made for it */
-    uint8_t was_disabled; /* DISABLE/ENABLE: the record's flag before */
-    uint8_t waits;        /* ENABLE held in a REMOVING record (KEY_FIXED) */
+    uint8_t before;       /* the record's state before the change
+                             (sn_rstate_t), for undoing it */
+    uint8_t waits;        /* SN_WAITS_*: an ENABLE that waits in a record
+                             for its REMOVE event (SN_CAP_KEY_FIXED) */
 } sn_memo_t;
 
 enum { SN_MEMO_CALLER = 0, SN_MEMO_REARM = 1, SN_MEMO_DEFERRED = 2,
        SN_MEMO_DEFERRED_FAILED = 3 };
+
+/* Why a caller's ENABLE is not in the kernel batch as an ENABLE. */
+enum {
+    SN_WAITS_NONE = 0,    /* it is (or it is not an ENABLE) */
+    SN_WAITS_HELD = 1,    /* the record was removing already: the ENABLE
+                             waits in it, and a NONE holds its place in
+                             the batch */
+    SN_WAITS_REKEY = 2,   /* the record was live under another key: a
+                             quiet REMOVE of the port's own goes in the
+                             ENABLE's place, and the ENABLE waits for its
+                             REMOVE event */
+};
 
 /* Where translated notifications go: process() wants sn_notification_t,
    select() wants (key, selector mask) pairs and I/O keys. */

@@ -1,7 +1,9 @@
 /*
  * sn_internal.h -- what the portable port layer and the backends share:
- * the backend contract (sn_backend_ops_t), the port struct, the record,
- * kernel keys. cffi never sees this file.
+ * the backend contract (sn_backend_ops_t), the part of the port a backend
+ * sees (struct sn_port), kernel keys. The port layer's own part of the
+ * port is in sn_layer.h, its records in sn_record.h: no backend includes
+ * them. cffi never sees this file.
  *
  * Division of labour:
  *   port layer  owns the registration table: caller key <-> kernel key, the
@@ -24,6 +26,8 @@
  *                   check, counters, the OS handle
  *   sn_backends.c   the backend registry and queries, the error codes, the
  *                   raw calls where the OS has none
+ *   sn_layer.h      the port layer's part of the port (sn_layer_t)
+ *   sn_record.h     a record's states and its one function per transition
  *   sn_table.c/.h   records, their record numbers and generations, the
  *                   socket index
  *   sn_hash.c/.h    socket -> value, the core's one hash table (also the AFD
@@ -109,26 +113,6 @@ typedef struct sn_backend_ops {
    port layer keeps each record as it was and reports the call's error. */
 #define SN_RESULT_UNAPPLIED 0xFFFFFFFFu
 
-/* A registration record: one per registered socket. */
-typedef struct sn_record {
-    uint64_t socket;
-    uint64_t user_key;
-    uint32_t generation;  /* bumped each time the record number is freed */
-    uint16_t events;      /* the event filter of the last ENABLE */
-    uint8_t  trigger;     /* the trigger flags of the last ENABLE */
-    uint8_t  state;       /* SN_RECORD_* */
-    uint8_t  delivered;   /* one-shot, delivered, waiting for a REARM call */
-    uint8_t  in_kernel;   /* enabled in the kernel (and not disabled since) */
-    uint8_t  disabled;    /* DISABLE applied (or on its way): nothing is
-                             reported until the next ENABLE */
-    uint8_t  quiet;       /* REMOVING: its REMOVE event is not reported */
-    uint8_t  reborn;      /* REMOVING: an ENABLE waits for the REMOVE event
-                             (SN_CAP_KEY_FIXED), with the fields below */
-    uint8_t  next_trigger;
-    uint16_t next_events;
-    uint64_t next_key;
-} sn_record_t;
-
 /* Set by the port layer in a kernel registration's trigger (never by a
    caller: outside SN_TRIGGER_*): the registration is already in the
    kernel, so ENABLE must modify it and fail if the kernel no longer has
@@ -151,12 +135,38 @@ typedef struct sn_record {
 #define SN_TRIGGER_INTERNAL \
     (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET | SN_TRIGGER_REARM | SN_TRIGGER_ADD)
 
-enum {
-    SN_RECORD_FREE = 0,
-    SN_RECORD_LIVE = 1,      /* registered with the kernel (armed or not) */
-    SN_RECORD_REMOVING = 2,  /* OP_REMOVE accepted; waiting for the REMOVE event */
-};
+/* ProcessSocketNotifications' rules for the trigger of an ENABLE, written
+   once for the port layer (sn_translate.c) and the AFD polyfill (sn_afd.c),
+   each of which answers in its own error codes: 0 for a valid trigger
+   whose flags are all in `honoured`; SN_TRIGGER_VERDICT_INVALID for one
+   with unknown bits, ONESHOT with PERSISTENT, LEVEL with EDGE, or neither
+   LEVEL nor EDGE ("one of SOCK_NOTIFY_TRIGGER_LEVEL or
+   SOCK_NOTIFY_TRIGGER_EDGE must be supplied"); SN_TRIGGER_VERDICT_UNSUPPORTED
+   for a valid one that asks for what the backend cannot do. (port.py's
+   Registration checks the unknown bits and the exclusive pairs when it is
+   made, so that such a mistake raises ValueError, with its reason, at the
+   line that made it; the rules here stay the authority, for whatever
+   reaches the core, and answer in the registration's result.) */
+enum { SN_TRIGGER_VERDICT_INVALID = 1, SN_TRIGGER_VERDICT_UNSUPPORTED = 2 };
+#define SN_TRIGGER_ALL \
+    (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE)
+SN_INLINE int sn__trigger_verdict(unsigned trigger, unsigned honoured) {
+    unsigned persistence = trigger & (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT);
+    unsigned level = trigger & (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE);
+    if ((trigger & ~(unsigned)SN_TRIGGER_ALL) != 0 ||
+        persistence == (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT) ||
+        level == (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE) || level == 0)
+        return SN_TRIGGER_VERDICT_INVALID;
+    if (trigger & ~honoured)
+        return SN_TRIGGER_VERDICT_UNSUPPORTED;
+    return 0;
+}
 
+/* The part of a port that every file sees, the backends included: the
+   backend's table and state, the life cycle, the counters. The port
+   layer's own part (its table of records, the re-arm and deferred lists,
+   the selector's buffers) follows it in sn_layer_t (sn_layer.h), which no
+   backend includes. */
 struct sn_port {
     const sn_backend_ops_t *ops;
     void *impl;                 /* backend state */
@@ -166,43 +176,6 @@ struct sn_port {
     volatile long closing;      /* set once by sn_port_close() */
     volatile long closed;       /* OS resources released */
     unsigned long fork_generation;  /* sn_fork_generation() at open */
-    volatile long selecting;    /* a thread is inside sn_port_select() */
-
-    sn_mutex_t lock;            /* guards everything below */
-    sn_record_t *records;       /* record number -> record */
-    uint32_t records_cap;
-    uint32_t *free_recnos;      /* stack of free record numbers */
-    uint32_t free_count;
-    uint32_t live_count;
-    /* socket -> record number + 1 (sn_hash.h): every record not FREE. */
-    sn_hash_t index;
-    /* Delivered one-shot registrations awaiting an SN_PROCESS_REARM call;
-       tracked once such a call has been made (rearm_mode). */
-    uint32_t *rearm_recnos;
-    uint32_t rearm_count;
-    uint32_t rearm_cap;
-    int rearm_mode;
-    /* Records reborn after their REMOVE event (SN_CAP_KEY_FIXED): their
-       waiting ENABLE goes to the kernel in the next call. */
-    uint32_t *deferred_recnos;
-    uint32_t deferred_count;
-    uint32_t deferred_cap;
-    /* The count of bound changes the last select carried (sn_port_select_changes). */
-    uint32_t last_select_count;
-
-    /* The selector's buffers (sn_port_bind), owned by the caller. */
-    sn_registration_t *bound_changes;
-    uint32_t bound_changes_cap;
-    uint64_t *bound_out;
-    uint32_t bound_out_cap;
-    sn_kevent_t *bound_events;  /* ours: the kernel events of a select */
-    /* The select path's kernel registrations and their bookkeeping when
-       they do not fit on the stack (sn__run), grown once and kept: one
-       thread selects at a time (`selecting`), and a busy loop re-arms
-       more than a stack's worth of sockets on every select. */
-    sn_registration_t *select_kregs;
-    void *select_memos;         /* sn_memo_t[] (sn_run.h) */
-    uint32_t select_scratch_cap;
 
     /* Kernel calls made for this port (SN_COUNT_*). */
     volatile uint64_t counters[SN_COUNTERS];

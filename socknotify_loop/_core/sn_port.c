@@ -32,7 +32,7 @@
  * port's life cycle and its reference counting); epoll(7) and fork(2) on
  * what a child shares with its parent.
  */
-#include "sn_internal.h"
+#include "sn_layer.h"
 #include "sn_table.h"
 #include "sn_rearm.h"
 
@@ -45,7 +45,7 @@ void sn_port_leave(sn_port_t *port) { sn__leave(port); }
 sn_port_t *sn_port_open(int backend, int *error) {
     const sn_backend_ops_t *ops;
     const char *why;
-    sn_port_t *port;
+    sn_layer_t *port;
     int err;
 
     if (backend == SN_BACKEND_AUTO)
@@ -61,10 +61,10 @@ sn_port_t *sn_port_open(int backend, int *error) {
         return NULL;
     }
     sn_fork_watch();
-    port->fork_generation = sn_fork_generation();
-    port->ops = ops;
+    port->base.fork_generation = sn_fork_generation();
+    port->base.ops = ops;
     sn_mutex_init(&port->lock);
-    err = ops->open(port);
+    err = ops->open(&port->base);
     if (err != 0) {
         sn_mutex_destroy(&port->lock);
         free(port);
@@ -72,17 +72,18 @@ sn_port_t *sn_port_open(int backend, int *error) {
         return NULL;
     }
     *error = 0;
-    return port;
+    return &port->base;
 }
 
-uint32_t sn_port_registered(sn_port_t *port) {
+uint32_t sn_port_registered(sn_port_t *handle) {
+    sn_layer_t *port = sn__layer(handle);
     uint32_t n;
-    if (sn__enter(port) != 0)
+    if (sn__enter(&port->base) != 0)
         return 0;
     sn_mutex_lock(&port->lock);
     n = port->live_count;
     sn_mutex_unlock(&port->lock);
-    sn__leave(port);
+    sn__leave(&port->base);
     return n;
 }
 
@@ -99,34 +100,37 @@ uint64_t sn_io_completion_key(void) {
     return SN_IO_COMPLETION_KEY;
 }
 
-int sn_port_post(sn_port_t *port, uint64_t key) {
-    int err = sn__enter(port);
+int sn_port_post(sn_port_t *handle, uint64_t key) {
+    sn_layer_t *port = sn__layer(handle);
+    int err = sn__enter(&port->base);
     if (err != 0)
         return err;
-    err = port->ops->post(port, key);
-    sn__leave(port);
+    err = port->base.ops->post(&port->base, key);
+    sn__leave(&port->base);
     return err;
 }
 
-int sn_port_check(sn_port_t *port, uint64_t socket) {
-    int err = sn__enter(port);
+int sn_port_check(sn_port_t *handle, uint64_t socket) {
+    sn_layer_t *port = sn__layer(handle);
+    int err = sn__enter(&port->base);
     if (err != 0)
         return err;
-    err = port->ops->check(port, socket);
-    sn__leave(port);
+    err = port->base.ops->check(&port->base, socket);
+    sn__leave(&port->base);
     return err;
 }
 
-uint32_t sn_port_counters(sn_port_t *port, uint64_t *out, uint32_t n) {
+uint32_t sn_port_counters(sn_port_t *handle, uint64_t *out, uint32_t n) {
+    sn_layer_t *port = sn__layer(handle);
     uint64_t all[SN_COUNTERS];
     uint32_t i;
     if (n > SN_COUNTERS)
         n = SN_COUNTERS;
     for (i = 0; i < SN_COUNTERS; i++)
-        all[i] = sn_atomic_load64(&port->counters[i]);
-    if (port->ops->add_counters != NULL && sn__enter(port) == 0) {
-        port->ops->add_counters(port, all);
-        sn__leave(port);
+        all[i] = sn_atomic_load64(&port->base.counters[i]);
+    if (port->base.ops->add_counters != NULL && sn__enter(&port->base) == 0) {
+        port->base.ops->add_counters(&port->base, all);
+        sn__leave(&port->base);
     }
     for (i = 0; i < n; i++)
         out[i] = all[i];
@@ -138,7 +142,7 @@ uint32_t sn_port_counters(sn_port_t *port, uint64_t *out, uint32_t n) {
    would be refused ("a socket can be associated with only one completion
    port"). One register-only call, no wait; failures (sockets closed
    meanwhile) need nobody's attention. No thread is inside. */
-static void sn__remove_all(sn_port_t *port) {
+static void sn__remove_all(sn_layer_t *port) {
     sn_registration_t *regs;
     uint32_t recno, n = 0, got = 0, dropped = 0;
     if (port->live_count == 0)
@@ -148,7 +152,7 @@ static void sn__remove_all(sn_port_t *port) {
         return;
     for (recno = 0; recno < port->records_cap && n < port->live_count; recno++) {
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_RECORD_LIVE)
+        if (!sn__rec_live(record))
             continue;
         regs[n].socket = record->socket;
         regs[n].key = SN_KERNEL_KEY(recno, record->generation);
@@ -159,15 +163,15 @@ static void sn__remove_all(sn_port_t *port) {
         n++;
     }
     if (n != 0)
-        port->ops->process(port, regs, n, 0, NULL, 0, &got, &dropped);
+        port->base.ops->process(&port->base, regs, n, 0, NULL, 0, &got, &dropped);
     free(regs);
 }
 
 /* Release what the port owns besides its struct (no thread inside). */
-static void sn__release(sn_port_t *port, int inherited) {
-    if (!inherited && (port->ops->caps & SN_CAP_KEY_FIXED))
+static void sn__release(sn_layer_t *port, int inherited) {
+    if (!inherited && (port->base.ops->caps & SN_CAP_KEY_FIXED))
         sn__remove_all(port);
-    port->ops->close(port, inherited);
+    port->base.ops->close(&port->base, inherited);
     sn__table_free(port);
     sn__rearm_free(port);
     free(port->bound_events);
@@ -179,15 +183,16 @@ static void sn__release(sn_port_t *port, int inherited) {
     port->select_scratch_cap = 0;
     port->bound_changes = NULL;
     port->bound_out = NULL;
-    sn_atomic_store(&port->closed, 1);
+    sn_atomic_store(&port->base.closed, 1);
 }
 
-int sn_port_close(sn_port_t *port) {
+int sn_port_close(sn_port_t *handle) {
+    sn_layer_t *port = sn__layer(handle);
     if (port == NULL)
         return 0;
-    if (!sn_atomic_cas(&port->closing, 0, 1))
+    if (!sn_atomic_cas(&port->base.closing, 0, 1))
         return 0;                   /* closed, or being closed, already */
-    if (sn__inherited(port)) {
+    if (sn__inherited(&port->base)) {
         /* The child of a fork: the parent's threads are not here, and the
            descriptions are shared with the parent. Close our copies. */
         sn__release(port, 1);
@@ -195,23 +200,24 @@ int sn_port_close(sn_port_t *port) {
     }
     /* Waiters see `closing` when they wake; wake them until all are out.
        A late entrant sees `closing` and backs out on its own. */
-    while (sn_atomic_load(&port->users) != 0) {
-        port->ops->wake_all(port);
+    while (sn_atomic_load(&port->base.users) != 0) {
+        port->base.ops->wake_all(&port->base);
         sn_sleep_ms(1);
     }
     sn__release(port, 0);
     return 0;
 }
 
-void sn_port_free(sn_port_t *port) {
+void sn_port_free(sn_port_t *handle) {
+    sn_layer_t *port = sn__layer(handle);
     if (port == NULL)
         return;
-    sn_port_close(port);
-    if (!sn_atomic_load(&port->closed) && !sn__inherited(port)) {
+    sn_port_close(handle);
+    if (!sn_atomic_load(&port->base.closed) && !sn__inherited(&port->base)) {
         /* Closed by another thread that is still releasing: only the
            owner of the last reference calls us, so that thread is inside
            sn_port_close(); wait for it. */
-        while (!sn_atomic_load(&port->closed))
+        while (!sn_atomic_load(&port->base.closed))
             sn_sleep_ms(1);
     }
     sn_mutex_destroy(&port->lock);

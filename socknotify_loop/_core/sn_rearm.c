@@ -63,7 +63,7 @@ int sn__recnos_grow_push(uint32_t **recnos, uint32_t *count, uint32_t *cap,
     return 1;
 }
 
-int sn__deferred_push(sn_port_t *port, uint32_t recno) {
+int sn__deferred_push(sn_layer_t *port, uint32_t recno) {
     return sn__recnos_grow_push(&port->deferred_recnos, &port->deferred_count,
                                 &port->deferred_cap, 16, recno);
 }
@@ -73,13 +73,14 @@ int sn__deferred_push(sn_port_t *port, uint32_t recno) {
    fail and take an entry of the call's answer, so a call carries no more
    than its answer has room for, and the rest wait, in order, for the next
    call. Written into kregs (lock held); returns how many. */
-uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs,
+uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs,
                               sn_memo_t *memos, uint32_t limit) {
     uint32_t i, n = 0, kept = 0;
     for (i = 0; i < port->deferred_count; i++) {
         uint32_t recno = port->deferred_recnos[i];
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_RECORD_LIVE || record->in_kernel || record->disabled)
+        if (!(SN_REC_BIT(record->state) &
+              (SN_REC_BIT(SN_REC_ENABLED) | SN_REC_BIT(SN_REC_FIRED))) || record->in_kernel)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
         if (n == limit) {
             port->deferred_recnos[kept++] = recno;
@@ -120,7 +121,7 @@ void sn__report_deferred_failures(const sn_registration_t *kregs,
     }
 }
 
-void sn__rearm_free(sn_port_t *port) {
+void sn__rearm_free(sn_layer_t *port) {
     free(port->rearm_recnos);
     free(port->deferred_recnos);
     port->rearm_recnos = NULL;

@@ -20,7 +20,7 @@ int sn__recnos_grow_push(uint32_t **recnos, uint32_t *count, uint32_t *cap,
    call. Returns 0 if there is no memory, in which case the caller simply
    does not get that registration re-armed for it (as without the flag).
    Inline, as every re-arm of a busy selector passes here. */
-SN_INLINE int sn__rearm_push(sn_port_t *port, uint32_t recno) {
+SN_INLINE int sn__rearm_push(sn_layer_t *port, uint32_t recno) {
     if (port->rearm_count < port->rearm_cap) {
         port->rearm_recnos[port->rearm_count++] = recno;
         return 1;
@@ -31,7 +31,7 @@ SN_INLINE int sn__rearm_push(sn_port_t *port, uint32_t recno) {
 
 /* Note a reborn record (sn__rebirth) whose ENABLE goes to the kernel with
    the next call. Returns 0, the list unchanged, if there is no memory. */
-int sn__deferred_push(sn_port_t *port, uint32_t recno);
+int sn__deferred_push(sn_layer_t *port, uint32_t recno);
 
 /* One ENABLE of the port's own for record `recno`, under its current
    kernel key and with its last filter, written into *kreg and *memo: what
@@ -48,7 +48,7 @@ SN_INLINE void sn__own_enable(const sn_record_t *record, uint32_t recno, uint8_t
     memo->recno = recno;
     memo->skip = 0;
     memo->kind = kind;
-    memo->waits = 0;
+    memo->waits = SN_WAITS_NONE;
 }
 
 /* The port's own re-arms (SN_PROCESS_REARM): an ENABLE, with the filter
@@ -56,18 +56,20 @@ SN_INLINE void sn__own_enable(const sn_record_t *record, uint32_t recno, uint8_t
    registration delivered since the last such call and still live. Written
    into kregs after the caller's changes; returns how many. Inline: a busy
    selector re-arms at every select. */
-SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
+SN_INLINE uint32_t sn__prepare_rearms(sn_layer_t *port, sn_registration_t *kregs,
                                      sn_memo_t *memos) {
     uint32_t i, n = 0;
     for (i = 0; i < port->rearm_count; i++) {
         uint32_t recno = port->rearm_recnos[i];
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_RECORD_LIVE || !record->delivered)
-            continue;   /* removed or re-enabled by its owner meanwhile */
-        record->delivered = 0;
+        if (record->state != SN_REC_FIRED)
+            continue;   /* removed, disabled or re-enabled by its owner meanwhile */
+        sn__rec_rearm(record);
         /* A re-arm renews what the kernel has: if the descriptor was
            closed meanwhile, it must fail, not arm whatever file took the
-           number (the failure retires the record silently). */
+           number. The failure reaches nobody at once (sn__settle keeps
+           the record, ENABLED with nothing armed): the owner's next
+           change meets the same error and retires it. */
         sn__own_enable(record, recno,
                        (uint8_t)(record->trigger | SN_TRIGGER_REARM |
                                  (record->in_kernel ? SN_TRIGGER_MODIFY_ONLY
@@ -82,7 +84,7 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_port_t *port, sn_registration_t *kregs,
 
 /* The deferred ENABLEs, at most `limit` (the rest stay queued), written
    into kregs/memos; returns how many. */
-uint32_t sn__prepare_deferred(sn_port_t *port, sn_registration_t *kregs, sn_memo_t *memos,
+uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs, sn_memo_t *memos,
                               uint32_t limit);
 
 /* A deferred ENABLE that failed (memo kind SN_MEMO_DEFERRED_FAILED, its
@@ -92,6 +94,6 @@ void sn__report_deferred_failures(const sn_registration_t *kregs, const sn_memo_
                                   uint32_t from, uint32_t count, sn_sink_t *sink);
 
 /* Release both lists (the port is closing; no thread inside). */
-void sn__rearm_free(sn_port_t *port);
+void sn__rearm_free(sn_layer_t *port);
 
 #endif /* SN_REARM_H */

@@ -68,7 +68,7 @@ static int sn__sink_room(const sn_sink_t *sink, int pair) {
 
 /* Turn kernel events into the sink's form (lock held). Returns how many
    were reported or, for select(), made the call return (a wake-up). */
-static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
+static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
                             uint32_t count, sn_sink_t *sink) {
     uint32_t i, before = sink->n + sink->io + (uint32_t)sink->woken;
     for (i = 0; i < count; i++) {
@@ -97,7 +97,7 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
         if (recno >= port->records_cap)
             continue;
         record = &port->records[recno];
-        if (record->state == SN_RECORD_FREE ||
+        if (record->state == SN_REC_FREE ||
             record->generation != SN_KEY_GENERATION(ev->key)) {
             /* Stale: queued for a registration since retired, or the
                one report of a one-shot item whose descriptor was closed
@@ -106,31 +106,34 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
             continue;
         }
         if (ev->events & SN_EVENT_REMOVE) {
-            if (record->state != SN_RECORD_REMOVING && (port->ops->caps & SN_CAP_KEY_FIXED))
-                continue;   /* not ours to end: no REMOVE was applied */
+            /* Input from outside: a REMOVE event ends only a removal the
+               port applied; any other is not ours (the kernel's own, for
+               a registration the port never removed) and is dropped. */
+            if (!sn__rec_removing(record))
+                continue;
             if (sink->notes != NULL && !record->quiet && sn__sink_room(sink, 0)) {
                 sink->notes[sink->n].key = record->user_key;
                 sink->notes[sink->n].events = SN_EVENT_REMOVE;
                 sink->n++;
             }
-            if (record->reborn)
+            if (record->state == SN_REC_REKEYING)
                 sn__rebirth(port, recno);
             else
                 sn__record_retire(port, recno);
             continue;
         }
-        /* Queued before a DISABLE or REMOVE ("might still be delivered"):
-           the caller asked for nothing more. */
-        if (record->disabled ||
-            (record->state == SN_RECORD_REMOVING && (port->ops->caps & SN_CAP_KEY_FIXED)))
+        /* Queued before a DISABLE or REMOVE ("might still be delivered"),
+           or dequeued by another thread's wait before it: the caller asked
+           for nothing more. */
+        if (record->state >= SN_REC_DISABLED)
             continue;
         /* A one-shot delivery disarmed the registration in the kernel,
            whatever we make of it: note it for the next re-arm even if
            nothing in it is reported (the kernel may deliver a condition
            outside the filter, such as an error). */
         if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
-            !record->delivered && sn__rearm_push(port, recno))
-            record->delivered = 1;
+            record->state == SN_REC_ENABLED && sn__rearm_push(port, recno))
+            sn__rec_fire(record);
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
             if (wanted == 0 || !sn__sink_room(sink, 0))
@@ -150,62 +153,235 @@ static uint32_t sn__deliver(sn_port_t *port, const sn_kevent_t *events,
     return sink->n + sink->io + (uint32_t)sink->woken - before;
 }
 
-/* Whether a caller's change in the batch is a REMOVE that holds an ENABLE
-   back until its REMOVE event (a re-key: sn_translate.c). */
-static int sn__holds_enable_back(const sn_memo_t *memos, uint32_t callers) {
-    uint32_t i;
-    for (i = 0; i < callers; i++)
-        if (!memos[i].skip && memos[i].waits == 2)
-            return 1;
-    return 0;
-}
-
-/* Small batches translate on the stack; larger ones allocate, except on
-   the select path, which keeps its buffers in the port. */
+/* Small batches translate on the stack. */
 #define SN_STACK_REGS    16
 #define SN_STACK_EVENTS  256
 
-/* Make the select path's scratch hold `total` registrations (lock held;
-   only the selecting thread gets here). 0, or SN_ERROR_NO_MEMORY with
-   the old scratch kept. */
-static int sn__grow_select_scratch(sn_port_t *port, uint32_t total) {
-    sn_registration_t *kregs = malloc((size_t)total * sizeof *kregs);
-    sn_memo_t *memos = malloc((size_t)total * sizeof *memos);
+/* The kernel registrations and memos of one call: the one place a call
+   gets that memory. On the stack when they fit; past that, the port's own
+   for the selecting thread (grown once and kept: one thread selects at a
+   time, and a busy loop re-arms more than a stack's worth of sockets at
+   every select), the heap's for any other caller (freed when its call
+   ends). */
+typedef struct sn_scratch {
+    sn_registration_t *kregs;
+    sn_memo_t *memos;
+    uint32_t cap;
+    int heap;            /* kregs and memos are this call's, from malloc */
+    int selecting;       /* the caller is the port's selecting thread */
+    sn_registration_t stack_kregs[SN_STACK_REGS];
+    sn_memo_t stack_memos[SN_STACK_REGS];
+} sn_scratch_t;
+
+static void sn__scratch_init(sn_scratch_t *s, int selecting) {
+    s->kregs = s->stack_kregs;
+    s->memos = s->stack_memos;
+    s->cap = SN_STACK_REGS;
+    s->heap = 0;
+    s->selecting = selecting;
+}
+
+/* Make the scratch hold `total` (lock held). 0, or SN_ERROR_NO_MEMORY with
+   the scratch as it was. */
+static int sn__scratch_fit(sn_layer_t *port, sn_scratch_t *s, uint32_t total) {
+    sn_registration_t *kregs;
+    sn_memo_t *memos;
+    if (total <= s->cap)
+        return 0;
+    if (s->selecting && total <= port->select_scratch_cap) {
+        s->kregs = port->select_kregs;
+        s->memos = port->select_memos;
+        s->cap = port->select_scratch_cap;
+        return 0;
+    }
+    kregs = malloc((size_t)total * sizeof *kregs);
+    memos = malloc((size_t)total * sizeof *memos);
     if (kregs == NULL || memos == NULL) {
         free(kregs);
         free(memos);
         return SN_ERROR_NO_MEMORY;
     }
-    free(port->select_kregs);
-    free(port->select_memos);
-    port->select_kregs = kregs;
-    port->select_memos = memos;
-    port->select_scratch_cap = total;
+    if (s->heap) {
+        free(s->kregs);
+        free(s->memos);
+    }
+    s->heap = !s->selecting;
+    if (s->selecting) {
+        free(port->select_kregs);
+        free(port->select_memos);
+        port->select_kregs = kregs;
+        port->select_memos = memos;
+        port->select_scratch_cap = total;
+    }
+    s->kregs = kregs;
+    s->memos = memos;
+    s->cap = total;
     return 0;
+}
+
+static void sn__scratch_release(sn_scratch_t *s) {
+    if (s->heap) {
+        free(s->kregs);
+        free(s->memos);
+    }
+}
+
+/* Apply `total` kernel registrations at once and settle them, under the
+   table lock (a backend with SN_CAP_CHANGES_AT_ONCE: a system call each,
+   never blocking), so that no other thread's change comes between the
+   translation and the kernel: a re-arm translated here and applied after
+   another thread removed the registration, closed its descriptor and
+   registered the reused number would re-key the new registration to a
+   dead key. The first `callers` are the caller's `regs`. Returns how many
+   of the caller's ENABLEs failed. */
+static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
+                                  sn_registration_t *kregs, sn_memo_t *memos,
+                                  uint32_t callers, uint32_t total, sn_kevent_t *events) {
+    uint32_t got = 0, dropped = 0, i, refused = 0;
+    int call_error = port->base.ops->process(&port->base, kregs, total, 0, events, 0, &got, &dropped);
+    sn__settle(port, flags, regs, kregs, memos, callers, total, call_error);
+    for (i = 0; i < callers; i++)
+        refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+    return refused;
+}
+
+/* A call's first half, under the table lock: the caller's changes, then
+   the port's own re-arms and deferred ENABLEs, translated into the
+   scratch; applied and settled at once where the backend does so. Sets
+   *total to what the wait still has to apply, *refused to how many of
+   the caller's ENABLEs failed already and *ndeferred to how many deferred
+   ENABLEs the batch carries: at most `room`, since each may fail and take
+   an entry of the call's answer (the rest wait for the next call). */
+static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
+                           uint32_t count, sn_scratch_t *s, sn_kevent_t *events,
+                           uint32_t room, uint32_t *total, uint32_t *refused,
+                           uint32_t *ndeferred) {
+    uint32_t internal = 0;
+    if (flags & SN_PROCESS_REARM)
+        port->rearm_mode = 1;
+    if (sn__scratch_fit(port, s, count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0) +
+                                 port->deferred_count) != 0)
+        return SN_ERROR_NO_MEMORY;
+    /* The caller's changes first: a registration it removes or re-enables
+       in this call is then no longer due for a re-arm of ours. */
+    *refused = count != 0 ? sn__prepare(port, flags, regs, s->kregs, s->memos, count) : 0;
+    if ((flags & SN_PROCESS_REARM) && port->rearm_count != 0)
+        internal = sn__prepare_rearms(port, s->kregs + count, s->memos + count);
+    *ndeferred = 0;
+    if (port->deferred_count != 0) {
+        *ndeferred = sn__prepare_deferred(port, s->kregs + count + internal,
+                                          s->memos + count + internal, room);
+        internal += *ndeferred;
+    }
+    *total = count + internal;
+    if (*total != 0 && (port->base.ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
+        *refused += sn__apply_at_once(port, flags, regs, s->kregs, s->memos, count, *total,
+                                      events);
+        *total = 0;
+    }
+    return 0;
+}
+
+/* Whether a caller's change in the batch is a REMOVE that holds an ENABLE
+   back until its REMOVE event (a re-key: sn_translate.c). */
+static int sn__holds_enable_back(const sn_memo_t *memos, uint32_t callers) {
+    uint32_t i;
+    for (i = 0; i < callers; i++)
+        if (!memos[i].skip && memos[i].waits == SN_WAITS_REKEY)
+            return 1;
+    return 0;
+}
+
+/* The room left in a call's answer, in entries: `max_events` of them, of
+   which those written since `base` are taken. */
+static uint32_t sn__room_left(const sn_sink_t *sink, uint32_t max_events, uint32_t base) {
+    uint32_t used = sink->n + sink->io - base;
+    return max_events > used ? max_events - used : 0;
+}
+
+/* A re-key (or a handle value reused after closesocket()) is a quiet
+   REMOVE whose ENABLE waits for its REMOVE event, or goes at once if the
+   REMOVE fails because the socket was closed. Only the call's end tells
+   which, and a call that waits ends when something arrives: the ENABLE
+   could sit out the whole wait on a readable socket, its owner told the
+   change succeeded. So such a batch is applied here, without waiting and
+   without the lock (as the wait would apply it), settled, and the ENABLE
+   it frees is prepared to ride in the wait. Returns the call's error;
+   sets *total and *ndeferred to the batch the wait applies, and turns the wait
+   into a poll when an ENABLE its owner thought applied failed. */
+static int sn__apply_before_wait(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
+                                 sn_scratch_t *s, sn_kevent_t *events, uint32_t callers,
+                                 uint32_t max_events, uint32_t base, sn_sink_t *sink,
+                                 uint32_t *total, uint32_t *ndeferred, int64_t *timeout_ms) {
+    uint32_t got = 0, dropped = 0, before, room;
+    int err = port->base.ops->process(&port->base, s->kregs, *total, 0, events, 0,
+                                      &got, &dropped);
+    sn_mutex_lock(&port->lock);
+    before = sink->n;
+    sn__settle(port, flags, regs, s->kregs, s->memos, callers, *total, err);
+    sn__report_deferred_failures(s->kregs, s->memos, callers, *total, sink);
+    if (sink->n != before)
+        *timeout_ms = 0;
+    *total = *ndeferred = 0;
+    if (err == 0) {
+        (void)sn__scratch_fit(port, s, port->deferred_count);
+        room = sn__room_left(sink, max_events, base);
+        *total = *ndeferred = sn__prepare_deferred(port, s->kregs, s->memos,
+                                                   room < s->cap ? room : s->cap);
+    }
+    sn_mutex_unlock(&port->lock);
+    return err;
+}
+
+/* Whether a call waits again after a wait that returned: the one rule of
+   "wait again for the time left" (see the top of this file), for sn__run
+   and its quick path alike. A wait that failed, or reported something,
+   ends the call; so does one that timed out or was interrupted (it
+   dequeued nothing), and a closing port. A poll goes round once more only
+   to apply the ENABLEs that waited for a REMOVE event it dequeued
+   (`deferred`, once: `*rounds`). A timed wait goes on for the time left,
+   written to *timeout_ms from `deadline`. */
+static int sn__wait_again(sn_layer_t *port, int err, uint32_t reported, uint32_t got,
+                          uint32_t dropped, int deferred, uint32_t *rounds,
+                          int64_t deadline, int64_t *timeout_ms) {
+    if (err != 0 || reported != 0)
+        return 0;
+    if (*timeout_ms == 0) {
+        if (!deferred || (*rounds)++ != 0)
+            return 0;
+    } else if (got == 0 && dropped == 0) {
+        return 0;        /* timed out, or interrupted */
+    }
+    if (sn_atomic_load(&port->base.closing))
+        return 0;        /* woken by close() */
+    if (*timeout_ms > 0) {
+        *timeout_ms = sn_time_left(deadline);
+        if (*timeout_ms <= 0)
+            return 0;    /* timed out, with only dropped events dequeued */
+    }
+    return 1;
 }
 
 /* The one routine behind sn_port_process() and sn_port_select(): apply
    re-arms and changes, wait, translate; wait again for the time left while
    everything dequeued was dropped. The caller has entered the port. */
-int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             uint32_t count, int64_t timeout_ms, uint32_t max_events,
             sn_kevent_t *given_events, sn_sink_t *sink) {
-    sn_registration_t stack_kregs[SN_STACK_REGS];
-    sn_memo_t stack_memos[SN_STACK_REGS];
+    sn_scratch_t scratch;
     sn_kevent_t stack_events[SN_STACK_EVENTS];
-    sn_registration_t *kregs = stack_kregs;
-    sn_memo_t *memos = stack_memos;
     sn_kevent_t *events = stack_events;
-    uint32_t internal = 0, total, refused, kcap = SN_STACK_REGS, callers = count, rounds = 0;
+    uint32_t total = 0, refused = 0, callers = count, rounds = 0;
     /* The deferred ENABLEs in the batch at hand: each may fail, and its
        failure takes an entry of the answer, so the wait is asked for that
        many events fewer (the answer's room: max_events entries, of which
-       `base` were written before). */
+       those written since `base` are taken). */
     uint32_t ndeferred = 0, base = sink->n + sink->io;
     int64_t deadline = 0;
-    int scratch = 0;     /* kregs and memos are the port's (select path) */
-    int err = 0;
+    int err;
 
+    /* The select path is the only caller with its own events buffer. */
+    sn__scratch_init(&scratch, given_events != NULL);
     if (given_events != NULL) {
         events = given_events;
     } else if (max_events > SN_STACK_EVENTS) {
@@ -217,110 +393,41 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         deadline = sn_deadline(timeout_ms);
 
     sn_mutex_lock(&port->lock);
-    if (flags & SN_PROCESS_REARM)
-        port->rearm_mode = 1;
-    total = count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0) +
-            port->deferred_count;
-    if (total > SN_STACK_REGS && given_events != NULL) {
-        /* The select path (the only caller with its own events buffer):
-           the port's scratch, grown once. */
-        if (total > port->select_scratch_cap && sn__grow_select_scratch(port, total) != 0) {
-            sn_mutex_unlock(&port->lock);
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
-        }
-        kregs = port->select_kregs;
-        memos = port->select_memos;
-        scratch = 1;
-        kcap = port->select_scratch_cap;
-    } else if (total > SN_STACK_REGS) {
-        kregs = malloc((size_t)total * sizeof *kregs);
-        memos = malloc((size_t)total * sizeof *memos);
-        if (kregs == NULL || memos == NULL) {
-            sn_mutex_unlock(&port->lock);
-            err = SN_ERROR_NO_MEMORY;
-            goto out;
-        }
-        kcap = total;
-    }
-    /* The caller's changes first: a registration it removes or re-enables
-       in this call is then no longer due for a re-arm of ours. */
-    refused = count != 0 ? sn__prepare(port, flags, regs, kregs, memos, count) : 0;
-    if ((flags & SN_PROCESS_REARM) && port->rearm_count != 0)
-        internal = sn__prepare_rearms(port, kregs + count, memos + count);
-    if (port->deferred_count != 0) {
-        ndeferred = sn__prepare_deferred(port, kregs + count + internal,
-                                         memos + count + internal, max_events);
-        internal += ndeferred;
-    }
-    total = count + internal;
-    if (total != 0 && (port->ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
-        /* Applied (a system call each, never blocking) and settled under
-           the table lock, so that no other thread's change comes between
-           the translation and the kernel: a re-arm translated here and
-           applied after another thread removed the registration, closed
-           its descriptor and registered the reused number would re-key
-           the new registration to a dead key. */
-        uint32_t got = 0, dropped = 0, i;
-        int call_error = port->ops->process(port, kregs, total, 0, events, 0, &got, &dropped);
-        sn__settle(port, flags, regs, kregs, memos, count, total, call_error);
-        for (i = 0; i < count; i++)
-            refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
-        total = 0;
-    }
+    err = sn__run_prepare(port, flags, regs, count, &scratch, events, max_events, &total,
+                          &refused, &ndeferred);
     sn_mutex_unlock(&port->lock);
-    if (max_events == 0 && total == 0)
-        goto out;        /* registrations only, applied */
+    if (err != 0 || (max_events == 0 && total == 0))
+        goto out;        /* no memory, or registrations only, applied */
     /* A change refused here is news for the caller: do not sit on it. */
     if (refused != 0)
         timeout_ms = 0;
     if (total != 0 && timeout_ms != 0 && max_events != 0 &&
-        sn__holds_enable_back(memos, callers)) {
-        /* A re-key (or a handle value reused after closesocket()) is a
-           quiet REMOVE whose ENABLE waits for its REMOVE event, or goes at
-           once if the REMOVE fails because the socket was closed. Only
-           the call's end tells which, and a call that waits ends when
-           something arrives: the ENABLE could sit out the whole wait on a
-           readable socket. So this batch is applied without waiting, and
-           the ENABLE it frees rides in the wait. */
-        uint32_t got = 0, dropped = 0, before;
-        err = port->ops->process(port, kregs, total, 0, events, 0, &got, &dropped);
-        sn_mutex_lock(&port->lock);
-        before = sink->n;
-        sn__settle(port, flags, regs, kregs, memos, callers, total, err);
-        sn__report_deferred_failures(kregs, memos, callers, total, sink);
-        if (sink->n != before)
-            timeout_ms = 0;    /* an ENABLE its owner thought applied failed */
+        sn__holds_enable_back(scratch.memos, callers)) {
+        err = sn__apply_before_wait(port, flags, regs, &scratch, events, callers, max_events,
+                                    base, sink, &total, &ndeferred, &timeout_ms);
         callers = 0;
-        total = ndeferred = 0;
-        if (err == 0) {
-            uint32_t room = max_events - (sink->n + sink->io - base);
-            total = ndeferred = sn__prepare_deferred(port, kregs, memos,
-                                                     room < kcap ? room : kcap);
-        }
-        sn_mutex_unlock(&port->lock);
         if (err != 0)
             goto out;
     }
 
     for (;;) {
-        uint32_t got = 0, dropped = 0, reported;
-        uint32_t used = sink->n + sink->io - base, wait_max;
+        uint32_t got = 0, dropped = 0, reported = 0, room, wait_max;
         int deferred = 0;
         /* Room for the events of this wait: the answer's, less what is
            written already and one entry per deferred ENABLE in the batch.
            None left (a caller with room for one, and a deferred ENABLE):
            the batch is applied without waiting, then the wait follows. */
-        wait_max = max_events > used + ndeferred ? max_events - used - ndeferred : 0;
-        err = port->ops->process(port, kregs, total, wait_max != 0 ? timeout_ms : 0,
-                                 events, wait_max, &got, &dropped);
-        reported = 0;
+        room = sn__room_left(sink, max_events, base);
+        wait_max = room > ndeferred ? room - ndeferred : 0;
+        err = port->base.ops->process(&port->base, scratch.kregs, total,
+                                      wait_max != 0 ? timeout_ms : 0, events, wait_max,
+                                      &got, &dropped);
         if (total != 0 || got != 0) {
             sn_mutex_lock(&port->lock);
             if (total != 0) {
                 uint32_t before = sink->n;
-                sn__settle(port, flags, regs, kregs, memos, callers, total, err);
-                sn__report_deferred_failures(kregs, memos, callers, total, sink);
+                sn__settle(port, flags, regs, scratch.kregs, scratch.memos, callers, total, err);
+                sn__report_deferred_failures(scratch.kregs, scratch.memos, callers, total, sink);
                 reported += sink->n - before;
                 total = 0;   /* registrations are applied once, by the first call */
                 callers = 0;
@@ -329,77 +436,47 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             deferred = port->deferred_count != 0;
             sn_mutex_unlock(&port->lock);
         }
-        if (err != 0 || reported != 0 || max_events == 0)
-            break;    /* (registrations only: deferred ENABLEs wait for a call with room) */
+        if (max_events == 0)
+            break;    /* registrations only: deferred ENABLEs wait for a call with room */
         if (wait_max == 0) {
             /* Only applied, to keep room for its failures: now the wait. */
-        } else if (timeout_ms == 0) {
-            /* A poll still applies the ENABLEs that waited for a REMOVE
-               event it dequeued: one more call, that does not wait. */
-            if (!deferred || rounds++ != 0)
+            if (err != 0 || reported != 0 || sn_atomic_load(&port->base.closing))
                 break;
-        } else if (got == 0 && dropped == 0) {
-            break;       /* timed out, or interrupted */
+        } else if (!sn__wait_again(port, err, reported, got, dropped, deferred, &rounds,
+                                   deadline, &timeout_ms)) {
+            break;
         }
-        if (sn_atomic_load(&port->closing))
-            break;       /* woken by close() */
         /* Everything dequeued was dropped: wait again for what is left,
-           with the ENABLEs that waited for a REMOVE event just dequeued. */
-        if (timeout_ms > 0 && wait_max != 0) {
-            timeout_ms = sn_time_left(deadline);
-            if (timeout_ms == 0)
-                break;
-        }
+           with the ENABLEs that waited for a REMOVE event just dequeued
+           (as many as the scratch and the answer have room for; the rest
+           stay on their list for the next call). */
         sn_mutex_lock(&port->lock);
-        if (port->deferred_count > kcap && scratch) {
-            if (sn__grow_select_scratch(port, port->deferred_count) == 0) {
-                kregs = port->select_kregs;
-                memos = port->select_memos;
-                kcap = port->select_scratch_cap;
-            }
-        } else if (port->deferred_count > kcap) {
-            sn_registration_t *k = malloc((size_t)port->deferred_count * sizeof *k);
-            sn_memo_t *pe = malloc((size_t)port->deferred_count * sizeof *pe);
-            if (k == NULL || pe == NULL) {
-                free(k);
-                free(pe);
-            } else {
-                if (kregs != stack_kregs)
-                    free(kregs);
-                if (memos != stack_memos)
-                    free(memos);
-                kregs = k;
-                memos = pe;
-                kcap = port->deferred_count;
-            }
-        }
-        used = max_events - (sink->n + sink->io - base);   /* now the room left */
-        total = sn__prepare_deferred(port, kregs, memos, used < kcap ? used : kcap);
-        ndeferred = total;
+        (void)sn__scratch_fit(port, &scratch, port->deferred_count);
+        room = sn__room_left(sink, max_events, base);
+        total = ndeferred = sn__prepare_deferred(port, scratch.kregs, scratch.memos,
+                                                 room < scratch.cap ? room : scratch.cap);
         sn_mutex_unlock(&port->lock);
     }
 out:
-    if (!scratch && kregs != stack_kregs)
-        free(kregs);
-    if (!scratch && memos != stack_memos)
-        free(memos);
+    sn__scratch_release(&scratch);
     if (events != stack_events && events != given_events)
         free(events);
     return err;
 }
 
-int sn_port_process(sn_port_t *port, uint32_t flags,
+int sn_port_process(sn_port_t *handle, uint32_t flags,
                     sn_registration_t *registrations, uint32_t count,
                     double timeout_ms,
                     sn_notification_t *notifications, uint32_t max_notifications,
                     uint32_t *received) {
+    sn_layer_t *port = sn__layer(handle);
     sn_sink_t sink;
     int err;
 
     *received = 0;
     if (flags & ~(uint32_t)(SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE))
         return SN_ERROR_INVALID;
-    if ((err = sn__enter(port)) != 0)
+    if ((err = sn__enter(&port->base)) != 0)
         return err;
     memset(&sink, 0, sizeof sink);
     sink.notes = notifications;
@@ -411,17 +488,18 @@ int sn_port_process(sn_port_t *port, uint32_t flags,
     if (err == SN_ERROR_INTERRUPTED)
         err = 0;
     *received = sink.n;
-    sn__leave(port);
+    sn__leave(&port->base);
     return err;
 }
 
-int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t events,
+int sn_port_change(sn_port_t *handle, uint64_t socket, uint64_t key, uint16_t events,
                    uint8_t op, uint8_t trigger) {
+    sn_layer_t *port = sn__layer(handle);
     sn_registration_t reg;
     sn_sink_t sink;
     int err;
 
-    if ((err = sn__enter(port)) != 0)
+    if ((err = sn__enter(&port->base)) != 0)
         return err;
     reg.socket = socket;
     reg.key = key;
@@ -431,36 +509,35 @@ int sn_port_change(sn_port_t *port, uint64_t socket, uint64_t key, uint16_t even
     reg.result = 0;
     memset(&sink, 0, sizeof sink);
     err = sn__run(port, SN_PROCESS_QUIET_REMOVE, &reg, 1, 0, 0, NULL, &sink);
-    sn__leave(port);
+    sn__leave(&port->base);
     return err != 0 ? err : (int)reg.result;
 }
 
 /* The selector's usual call on a backend that applies each change at once
    (epoll): no change of the caller's, only the re-arms and the wait. It
    does what sn__run does for that case without its batch machinery (its
-   5 KiB of stack, the memo pass over the results, the general settle):
-   the re-arms, when they fit SN_QUICK_REARMS, are prepared and applied
-   under the table lock, for the reason sn__run gives, and settled in place
-   (a re-arm that succeeded puts the item in the kernel; one that failed
-   leaves the record for its owner's next change, as sn__settle does);
-   then one wait without the lock, and the delivery under it. Under
-   callgrind on CPython 3.14, the select calls of a streams round trip
-   (four) cost about 3,300 instructions in the core through sn__run and
-   2,300 through this path.
+   5 KiB of stack, the scratch, the memo pass over a caller's changes),
+   through the same parts: the re-arms, when they fit SN_QUICK_REARMS, are
+   prepared, applied and settled under the table lock (sn__apply_at_once,
+   for the reason it gives); then one wait without the lock, the delivery
+   under it, and sn__run's own rule for waiting again. Under callgrind on
+   CPython 3.14, the select calls of a streams round trip (four) cost about
+   3,300 instructions in the core through sn__run and 2,300 through this
+   path.
    Returns 1 when it answered the call (*err set); 0 when sn__run must:
    the port is not in that case (nothing done yet), or the wait dequeued
    only stale events, and sn__run -- the one owner of "wait again" -- waits
    for the time left, written to *timeout_ms. */
 #define SN_QUICK_REARMS  16
 
-int sn__run_quick(sn_port_t *port, int64_t *timeout_ms, sn_kevent_t *events,
+int sn__run_quick(sn_layer_t *port, int64_t *timeout_ms, sn_kevent_t *events,
                   uint32_t max_events, sn_sink_t *sink, int *err) {
     sn_registration_t kregs[SN_QUICK_REARMS];
     sn_memo_t memos[SN_QUICK_REARMS];
-    uint32_t got = 0, dropped = 0, reported = 0, n;
+    uint32_t got = 0, dropped = 0, reported = 0, rounds = 0, n;
     int64_t deadline = 0;
 
-    if ((port->ops->caps & (SN_CAP_CHANGES_AT_ONCE | SN_CAP_KEY_FIXED)) !=
+    if ((port->base.ops->caps & (SN_CAP_CHANGES_AT_ONCE | SN_CAP_KEY_FIXED)) !=
             SN_CAP_CHANGES_AT_ONCE)
         return 0;
     sn_mutex_lock(&port->lock);
@@ -470,30 +547,21 @@ int sn__run_quick(sn_port_t *port, int64_t *timeout_ms, sn_kevent_t *events,
     }
     port->rearm_mode = 1;
     n = port->rearm_count != 0 ? sn__prepare_rearms(port, kregs, memos) : 0;
-    if (n != 0) {
-        port->ops->process(port, kregs, n, 0, events, 0, &got, &dropped);
-        while (n-- > 0)
-            if (kregs[n].result == 0)
-                port->records[memos[n].recno].in_kernel = 1;
-    }
+    if (n != 0)
+        (void)sn__apply_at_once(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE, NULL,
+                                kregs, memos, 0, n, events);
     sn_mutex_unlock(&port->lock);
 
     if (*timeout_ms > 0)
         deadline = sn_deadline(*timeout_ms);
-    got = dropped = 0;
-    *err = port->ops->process(port, NULL, 0, *timeout_ms, events, max_events, &got, &dropped);
+    *err = port->base.ops->process(&port->base, NULL, 0, *timeout_ms, events, max_events, &got, &dropped);
     if (got != 0) {
         sn_mutex_lock(&port->lock);
         reported = sn__deliver(port, events, got, sink);
         sn_mutex_unlock(&port->lock);
     }
-    if (*err != 0 || reported != 0 || *timeout_ms == 0 || (got == 0 && dropped == 0) ||
-        sn_atomic_load(&port->closing))
-        return 1;
-    if (*timeout_ms > 0) {
-        *timeout_ms = sn_time_left(deadline);
-        if (*timeout_ms <= 0)
-            return 1;      /* timed out, with only stale events dequeued */
-    }
-    return 0;
+    /* No ENABLE waits for a REMOVE event on this backend (no
+       SN_CAP_KEY_FIXED): nothing deferred. */
+    return !sn__wait_again(port, *err, reported, got, dropped, 0, &rounds, deadline,
+                           timeout_ms);
 }

@@ -12,7 +12,7 @@
    again for the time left while everything dequeued was dropped. The
    caller has entered the port; `timeout_ms` is already whole milliseconds
    (sn__wait_ms), SN_INFINITE or 0. */
-int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             uint32_t count, int64_t timeout_ms, uint32_t max_events,
             sn_kevent_t *given_events, sn_sink_t *sink);
 
@@ -20,7 +20,7 @@ int sn__run(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
    change of the caller's, a handful of re-arms): 1 when it answered the
    call (*err set), 0 when sn__run must go on, for the time left in
    *timeout_ms (see sn_run.c). */
-int sn__run_quick(sn_port_t *port, int64_t *timeout_ms, sn_kevent_t *events,
+int sn__run_quick(sn_layer_t *port, int64_t *timeout_ms, sn_kevent_t *events,
                   uint32_t max_events, sn_sink_t *sink, int *err);
 
 /* The longest wait asked of a backend: what fits the int of epoll_wait()

@@ -34,14 +34,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_cap,
+int sn_port_bind(sn_port_t *handle, sn_registration_t *changes, uint32_t changes_cap,
                  uint64_t *out, uint32_t out_cap) {
+    sn_layer_t *port = sn__layer(handle);
     sn_kevent_t *events;
     int err;
-    if ((err = sn__enter(port)) != 0)
+    if ((err = sn__enter(&port->base)) != 0)
         return err;
     if (!sn_atomic_cas(&port->selecting, 0, 1)) {
-        sn__leave(port);
+        sn__leave(&port->base);
         return SN_ERROR_BUSY;
     }
     /* The kernel events of a select, translated into `out`: as many as
@@ -49,7 +50,7 @@ int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_c
     events = malloc((size_t)(out_cap / 2 + 1) * sizeof *events);
     if (events == NULL) {
         sn_atomic_store(&port->selecting, 0);
-        sn__leave(port);
+        sn__leave(&port->base);
         return SN_ERROR_NO_MEMORY;
     }
     free(port->bound_events);
@@ -59,25 +60,27 @@ int sn_port_bind(sn_port_t *port, sn_registration_t *changes, uint32_t changes_c
     port->bound_out = out;
     port->bound_out_cap = out_cap;
     sn_atomic_store(&port->selecting, 0);
-    sn__leave(port);
+    sn__leave(&port->base);
     return 0;
 }
 
-uint32_t sn_port_select_changes(sn_port_t *port) {
+uint32_t sn_port_select_changes(sn_port_t *handle) {
+    sn_layer_t *port = sn__layer(handle);
     /* Written by the selecting thread only, read by it after its select. */
     return port->last_select_count;
 }
 
-int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
+int64_t sn_port_select(sn_port_t *handle, uint32_t count, double timeout_ms) {
+    sn_layer_t *port = sn__layer(handle);
     sn_sink_t sink;
     uint32_t i, max_events;
     int64_t wait_ms;
     int err;
 
-    if ((err = sn__enter(port)) != 0)
+    if ((err = sn__enter(&port->base)) != 0)
         return -(int64_t)err;
     if (!sn_atomic_cas(&port->selecting, 0, 1)) {
-        sn__leave(port);
+        sn__leave(&port->base);
         return -(int64_t)SN_ERROR_BUSY;
     }
     memset(&sink, 0, sizeof sink);
@@ -117,7 +120,7 @@ int64_t sn_port_select(sn_port_t *port, uint32_t count, double timeout_ms) {
                 (size_t)sink.io * sizeof *sink.out);
 out:
     sn_atomic_store(&port->selecting, 0);
-    sn__leave(port);
+    sn__leave(&port->base);
     if (err != 0 && err != SN_ERROR_INTERRUPTED)
         return -(int64_t)err;
     if (err == SN_ERROR_INTERRUPTED && sink.n == 0 && sink.io == 0)
@@ -134,7 +137,8 @@ out:
 /* The entry points a loop calls every iteration, taking the port by its
    address: cffi converts an integer argument for less than a pointer, and
    a call of one argument (poll, block) builds no argument tuple. */
-uintptr_t sn_port_address(sn_port_t *port) {
+uintptr_t sn_port_address(sn_port_t *handle) {
+    sn_layer_t *port = sn__layer(handle);
     return (uintptr_t)port;
 }
 

@@ -56,7 +56,7 @@
 
 #define SN_RECNO_LIMIT 0x7fffffffu
 
-static int sn__records_grow(sn_port_t *port) {
+static int sn__records_grow(sn_layer_t *port) {
     uint32_t old_cap = port->records_cap;
     uint32_t new_cap = old_cap ? old_cap * 2 : 64;
     sn_record_t *records;
@@ -83,7 +83,7 @@ static int sn__records_grow(sn_port_t *port) {
     return 0;
 }
 
-int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
+int sn__record_new(sn_layer_t *port, uint64_t socket, uint64_t user_key,
                    uint32_t *recno_out) {
     int err;
     uint32_t recno;
@@ -95,13 +95,7 @@ int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
         return err;
     recno = port->free_recnos[--port->free_count];
     record = &port->records[recno];
-    record->socket = socket;
-    record->user_key = user_key;
-    record->state = SN_RECORD_LIVE;
-    record->in_kernel = 0;
-    record->disabled = 0;
-    record->quiet = 0;
-    record->reborn = 0;
+    sn__rec_open(record, socket, user_key);
     /* Replaces the entry of an older record of the same socket value (one
        still REMOVING): lookups find the newest. */
     sn_hash_put(&port->index, socket, (uint64_t)recno + 1);
@@ -110,48 +104,57 @@ int sn__record_new(sn_port_t *port, uint64_t socket, uint64_t user_key,
     return 0;
 }
 
-void sn__record_retire(sn_port_t *port, uint32_t recno) {
+void sn__record_retire(sn_layer_t *port, uint32_t recno) {
     sn_record_t *record = &port->records[recno];
-    if (record->state == SN_RECORD_FREE)
+    /* Every caller checks first (a generation that matches belongs to a
+       used record): a retire of a free record would push its number twice
+       on the free stack. The checked build reports it; a release build
+       does nothing. */
+    if (!SN_REC_EXPECT(record, SN_REC_ANY_USED, "retire") || record->state == SN_REC_FREE)
         return;
     /* Only this record's entry: a newer record of the same socket value
        may have replaced it. */
     sn_hash_del(&port->index, record->socket, (uint64_t)recno + 1);
-    record->state = SN_RECORD_FREE;
-    record->delivered = 0;
-    record->in_kernel = 0;
-    record->disabled = 0;
-    record->quiet = 0;
-    record->reborn = 0;
-    record->generation = (record->generation + 1) & 0x7fffffffu;
-    if (record->generation == 0)
-        record->generation = 1;
+    sn__rec_free(record);
     port->free_recnos[port->free_count++] = recno;
     port->live_count--;
 }
 
-int sn__rebirth(sn_port_t *port, uint32_t recno) {
-    sn_record_t *record = &port->records[recno];
+int sn__rebirth(sn_layer_t *port, uint32_t recno) {
     if (!sn__deferred_push(port, recno)) {
         sn__record_retire(port, recno);
         return 0;
     }
-    record->generation = (record->generation + 1) & 0x7fffffffu;
-    if (record->generation == 0)
-        record->generation = 1;
-    record->state = SN_RECORD_LIVE;
-    record->user_key = record->next_key;
-    record->events = record->next_events;
-    record->trigger = record->next_trigger;
-    record->reborn = 0;
-    record->quiet = 0;
-    record->disabled = 0;
-    record->delivered = 0;
-    record->in_kernel = 0;
+    sn__rec_reborn(&port->records[recno]);
     return 1;
 }
 
-void sn__table_free(sn_port_t *port) {
+static const char *const sn__state_names[SN_REC_STATES] = {
+    "FREE", "ENABLED", "FIRED", "DISABLED", "REMOVING", "REKEYING",
+};
+
+const char *sn__rec_state_name(unsigned state) {
+    return state < SN_REC_STATES ? sn__state_names[state] : "(not a state)";
+}
+
+#ifdef SN_CHECK_TRANSITIONS
+#include <stdio.h>
+
+void (*sn__transition_hook)(const char *transition, unsigned state);
+
+void sn__transition_refused(const char *transition, unsigned state,
+                            const char *file, int line) {
+    if (sn__transition_hook != NULL) {
+        sn__transition_hook(transition, state);
+        return;
+    }
+    fprintf(stderr, "%s:%d: record transition '%s' refused from state %s\n",
+            file, line, transition, sn__rec_state_name(state));
+    abort();
+}
+#endif
+
+void sn__table_free(sn_layer_t *port) {
     free(port->records);
     free(port->free_recnos);
     sn_hash_free(&port->index);

@@ -61,29 +61,22 @@
 #include "sn_table.h"
 
 static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
-    int persistence = trigger & (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT);
-    int level = trigger & (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE);
-    if (trigger & ~(SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT |
-                    SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE))
-        return SN_ERROR_INVALID;
-    if (persistence == (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT) ||
-        level == (SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE))
-        return SN_ERROR_INVALID;
-    /* ProcessSocketNotifications: "one of SOCK_NOTIFY_TRIGGER_LEVEL or
-       SOCK_NOTIFY_TRIGGER_EDGE must be supplied" with ENABLE. */
-    if (level == 0)
-        return SN_ERROR_INVALID;
-    if (trigger & ~ops->triggers)
+    switch (sn__trigger_verdict(trigger, (unsigned)ops->triggers)) {
+    case 0:
+        return 0;
+    case SN_TRIGGER_VERDICT_UNSUPPORTED:
         return SN_ERROR_NOT_SUPPORTED;
-    return 0;
+    default:
+        return SN_ERROR_INVALID;
+    }
 }
 
 /* Translate the caller's registrations into kernel ones (lock held).
    Returns how many ENABLEs were refused before reaching the kernel. */
-uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                      sn_registration_t *kregs, sn_memo_t *memos, uint32_t count) {
     uint32_t i, refused = 0;
-    int key_fixed = (port->ops->caps & SN_CAP_KEY_FIXED) != 0;
+    int key_fixed = (port->base.ops->caps & SN_CAP_KEY_FIXED) != 0;
     for (i = 0; i < count; i++) {
         sn_registration_t *reg = &regs[i];
         sn_registration_t *kreg = &kregs[i];
@@ -98,8 +91,8 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         p->skip = 0;
         p->kind = SN_MEMO_CALLER;
         p->fresh = 0;
-        p->waits = 0;
-        p->was_disabled = 0;
+        p->waits = SN_WAITS_NONE;
+        p->before = SN_REC_FREE;
         record = sn__lookup(port, reg->socket, &recno);
 
         switch (reg->op) {
@@ -108,24 +101,20 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                 err = SN_ERROR_INVALID;
                 break;
             }
-            if ((err = sn__valid_trigger(port->ops, reg->trigger)) != 0)
+            if ((err = sn__valid_trigger(port->base.ops, reg->trigger)) != 0)
                 break;
-            if (key_fixed && record != NULL && record->state == SN_RECORD_REMOVING) {
+            if (key_fixed && record != NULL && sn__rec_removing(record)) {
                 /* The kernel keeps this socket's key until the REMOVE
                    event is dequeued: the ENABLE waits for it in the
                    record, and goes to the kernel under a new key then. */
-                record->reborn = 1;
-                record->next_key = reg->key;
-                record->next_events = reg->events;
-                record->next_trigger = reg->trigger;
+                sn__rec_wait(record, reg->key, reg->events, reg->trigger);
                 p->recno = recno;
                 p->skip = 1;
-                p->waits = 1;
+                p->waits = SN_WAITS_HELD;
                 kreg->op = SN_OP_NONE;
                 continue;
             }
-            if (record != NULL && record->state == SN_RECORD_LIVE &&
-                record->user_key != reg->key) {
+            if (record != NULL && sn__rec_live(record) && record->user_key != reg->key) {
                 if (key_fixed) {
                     /* Re-keyed, or the value reused after a silent
                        closesocket(): the port cannot tell which. The
@@ -135,14 +124,9 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                        waits in the record for its REMOVE event (or goes
                        at once if the REMOVE fails: the socket was closed,
                        and the kernel holds nothing). */
-                    record->state = SN_RECORD_REMOVING;
-                    record->quiet = 1;
-                    record->reborn = 1;
-                    record->next_key = reg->key;
-                    record->next_events = reg->events;
-                    record->next_trigger = reg->trigger;
-                    p->was_disabled = record->disabled;
-                    p->waits = 2;
+                    p->before = sn__rec_rekey(record, reg->key, reg->events,
+                                              reg->trigger);
+                    p->waits = SN_WAITS_REKEY;
                     p->recno = recno;
                     kreg->op = SN_OP_REMOVE;
                     kreg->events = 0;
@@ -156,47 +140,44 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
                     record = NULL;
                 }
             }
-            if (record == NULL || record->state != SN_RECORD_LIVE) {
+            if (record == NULL || !sn__rec_live(record)) {
                 /* May grow (move) the table: `record` is not read after. */
                 if ((err = sn__record_new(port, reg->socket, reg->key, &recno)) != 0)
                     break;
                 p->fresh = 1;
             }
-            kreg->trigger |= port->records[recno].in_kernel ? SN_TRIGGER_MODIFY_ONLY
-                                                           : SN_TRIGGER_ADD;
-            p->was_disabled = port->records[recno].disabled;
-            port->records[recno].events = reg->events;
-            port->records[recno].trigger = reg->trigger;
-            port->records[recno].delivered = 0;
-            port->records[recno].disabled = 0;
+            record = &port->records[recno];
+            kreg->trigger |= record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : SN_TRIGGER_ADD;
+            p->before = sn__rec_enable(record, reg->events, reg->trigger);
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
-            if (reg->op == SN_OP_REMOVE && record != NULL && record->reborn &&
-                record->state == SN_RECORD_REMOVING && record->next_key == reg->key) {
+            if (reg->op == SN_OP_REMOVE && record != NULL &&
+                record->state == SN_REC_REKEYING && record->next_key == reg->key) {
                 /* The ENABLE that waits for the REMOVE event is taken
                    back: the kernel never heard of it. */
-                record->reborn = 0;
+                sn__rec_take_back(record);
                 p->skip = 1;
                 kreg->op = SN_OP_NONE;
                 continue;
             }
-            if (record == NULL || record->state != SN_RECORD_LIVE ||
+            /* Input from outside: a change for no live registration of
+               the caller's is refused with an error, never a transition. */
+            if (record == NULL || !sn__rec_live(record) ||
                 ((flags & SN_PROCESS_QUIET_REMOVE) && record->user_key != reg->key)) {
                 err = SN_ERROR_NOT_REGISTERED;
                 break;
             }
-            p->was_disabled = record->disabled;
-            record->delivered = 0;   /* nothing for a re-arm to renew */
+            /* A FIRED record leaves the re-arm list's concern either way:
+               nothing for a re-arm to renew. */
             if (reg->op == SN_OP_REMOVE) {
-                record->state = SN_RECORD_REMOVING;
-                record->quiet = (flags & SN_PROCESS_QUIET_REMOVE) != 0;
+                p->before = sn__rec_remove(record, (flags & SN_PROCESS_QUIET_REMOVE) != 0);
                 if (flags & SN_PROCESS_QUIET_REMOVE)
                     kreg->trigger |= SN_TRIGGER_QUIET;
             } else {
                 /* Nothing is reported from now on, even what the kernel
                    had queued before ("might still be delivered"). */
-                record->disabled = 1;
+                p->before = sn__rec_disable(record);
                 /* With the trigger of the ENABLE it ends, whatever the
                    caller gave: the reference page's "one of LEVEL or EDGE
                    must be supplied" may hold for DISABLE too. */
@@ -227,14 +208,15 @@ uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
 /* A registration of a call that failed as a whole (SN_RESULT_UNAPPLIED:
    "no changes occurred"): put the record back as it was before the call
    (lock held). */
-static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_memo_t *p) {
+static void sn__unapply(sn_layer_t *port, const sn_registration_t *kreg, sn_memo_t *p) {
     sn_record_t *record = &port->records[p->recno];
-    if (record->state == SN_RECORD_FREE ||
+    if (record->state == SN_REC_FREE ||
         SN_KERNEL_KEY(p->recno, record->generation) != kreg->key)
         return;
     if (p->kind == SN_MEMO_REARM) {
-        if (record->state == SN_RECORD_LIVE && sn__rearm_push(port, p->recno))
-            record->delivered = 1;
+        /* Back on the re-arm list, unless its owner changed it meanwhile. */
+        if (record->state == SN_REC_ENABLED && sn__rearm_push(port, p->recno))
+            sn__rec_fire(record);
         return;
     }
     if (p->kind == SN_MEMO_DEFERRED) {
@@ -242,24 +224,18 @@ static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_memo_
             sn__record_retire(port, p->recno);
         return;
     }
-    switch (kreg->op) {
-    case SN_OP_REMOVE:
-        record->state = SN_RECORD_LIVE;
-        record->quiet = 0;
-        record->disabled = p->was_disabled;
-        break;
-    case SN_OP_DISABLE:
-        record->disabled = p->was_disabled;
-        break;
-    case SN_OP_ENABLE:
-        if (p->fresh)
-            sn__record_retire(port, p->recno);   /* the kernel never had it */
-        else
-            record->disabled = p->was_disabled;
-        break;
-    default:
-        break;
+    if (kreg->op == SN_OP_ENABLE && p->fresh) {
+        sn__record_retire(port, p->recno);   /* the kernel never had it */
+        return;
     }
+    if (kreg->op != SN_OP_ENABLE && kreg->op != SN_OP_DISABLE && kreg->op != SN_OP_REMOVE)
+        return;
+    /* A one-shot registration that had fired is still disarmed in the
+       kernel: back on the re-arm list, or its owner would never hear of
+       it again. */
+    if (p->before == SN_REC_FIRED && !sn__rearm_push(port, p->recno))
+        p->before = SN_REC_ENABLED;
+    sn__rec_restore(record, p->before);
 }
 
 /* Read the kernel's verdicts back into the table (lock held). The first
@@ -267,11 +243,11 @@ static void sn__unapply(sn_port_t *port, const sn_registration_t *kreg, sn_memo_
    own re-arms and deferred ENABLEs, whose verdicts settle the table but
    belong to no caller registration. `call_error` is the call's error, for
    the registrations of a call that failed as a whole. */
-void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 sn_registration_t *kregs, sn_memo_t *memos,
                 uint32_t callers, uint32_t count, int call_error) {
     uint32_t i;
-    int key_fixed = (port->ops->caps & SN_CAP_KEY_FIXED) != 0;
+    int key_fixed = (port->base.ops->caps & SN_CAP_KEY_FIXED) != 0;
     int failed_whole = 0;
     for (i = 0; i < count; i++)
         failed_whole |= !memos[i].skip && kregs[i].result == SN_RESULT_UNAPPLIED;
@@ -281,9 +257,12 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         sn_memo_t *p = &memos[i];
         sn_record_t *record;
         if (p->skip) {
-            if (p->waits && failed_whole) {
-                /* Its REMOVE never reached the kernel: nothing to wait for. */
-                port->records[p->recno].reborn = 0;
+            if (p->waits != SN_WAITS_NONE && failed_whole) {
+                /* Its REMOVE never reached the kernel: nothing to wait
+                   for. (Unless the REMOVE event came meanwhile and the
+                   record was reborn, or the owner took the ENABLE back.) */
+                if (port->records[p->recno].state == SN_REC_REKEYING)
+                    sn__rec_take_back(&port->records[p->recno]);
                 regs[i].result = (uint32_t)call_error;
             }
             continue;
@@ -291,14 +270,14 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
         if (kregs[i].result == SN_RESULT_UNAPPLIED) {
             if (i < callers)
                 regs[i].result = (uint32_t)call_error;
-            if (p->waits == 2)
-                port->records[p->recno].reborn = 0;   /* and back to LIVE: */
+            /* A re-key's REMOVE undone: the record goes back to what it
+               was, the ENABLE that waited with it. */
             sn__unapply(port, &kregs[i], p);
             continue;
         }
         if (i < callers)
             /* A re-key's REMOVE is ours: the caller's ENABLE waits. */
-            regs[i].result = p->waits == 2 ? 0 : kregs[i].result;
+            regs[i].result = p->waits == SN_WAITS_REKEY ? 0 : kregs[i].result;
         record = &port->records[p->recno];
         /* A verdict about an older generation of this record number has nothing
            left to settle. */
@@ -306,9 +285,9 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             continue;
         if (kregs[i].result == 0) {
             if (kregs[i].op == SN_OP_ENABLE)
-                record->in_kernel = 1;
+                sn__rec_held(record, 1);
             else if (kregs[i].op == SN_OP_DISABLE)
-                record->in_kernel = 0;
+                sn__rec_held(record, 0);
             /* A quiet REMOVE retires now: nothing more will be reported
                under this registration's key. Not where the kernel keeps
                the key until the REMOVE event: the record waits for it. */
@@ -328,7 +307,7 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
             continue;
         }
         /* A failed re-arm of ours: the descriptor went away under its
-           owner. The kernel has nothing armed for it, so nothing can be
+           owner (the record is not retired: see sn__prepare_rearms). The kernel has nothing armed for it, so nothing can be
            delivered; the record stays, so that the owner's next change
            meets the same error (a modify, like epoll_ctl MOD: ENOENT) and
            its REMOVE retires it. */
@@ -339,7 +318,7 @@ void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
            ENABLE waiting for one goes ahead now. A failed ENABLE leaves
            the kernel's view unknown. Either way nothing more may be
            delivered under this registration's key. */
-        if (kregs[i].op == SN_OP_REMOVE && record->reborn)
+        if (kregs[i].op == SN_OP_REMOVE && record->state == SN_REC_REKEYING)
             sn__rebirth(port, p->recno);
         else if (kregs[i].op == SN_OP_REMOVE || kregs[i].op == SN_OP_ENABLE)
             sn__record_retire(port, p->recno);

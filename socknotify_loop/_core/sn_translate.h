@@ -10,14 +10,14 @@
 
 /* Translate the caller's registrations into kernel ones;
    returns how many ENABLEs were refused before reaching the kernel. */
-uint32_t sn__prepare(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                      sn_registration_t *kregs, sn_memo_t *memos, uint32_t count);
 
 /* Read the kernel's verdicts back into the table. The
    first `callers` kernel registrations are the caller's; the rest are the
    port's own re-arms and deferred ENABLEs. `call_error` is the call's
    error, for the registrations of a call that failed as a whole. */
-void sn__settle(sn_port_t *port, uint32_t flags, sn_registration_t *regs,
+void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 sn_registration_t *kregs, sn_memo_t *memos,
                 uint32_t callers, uint32_t count, int call_error);
 

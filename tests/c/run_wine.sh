@@ -78,6 +78,8 @@ if [ -n "$native" ]; then
     exit 0
 fi
 export WINEPREFIX=${WINEPREFIX:-$root/.wine-cache/prefix-ctest}
+# Wine makes the prefix on first use, but not the folders above it.
+mkdir -p "$(dirname "$WINEPREFIX")"
 export WINEDEBUG=${WINEDEBUG:--all}
 wine=$(command -v wine64 || command -v wine)
 server=$(command -v wineserver || echo /usr/lib/wine/wineserver64)

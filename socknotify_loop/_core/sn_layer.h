@@ -1,0 +1,63 @@
+/*
+ * sn_layer.h -- the port as its port layer holds it (sn_layer_t): the part
+ * every backend sees (struct sn_port, sn_internal.h) first, then what only
+ * the port layer's files touch -- the lock, the table of records, the
+ * re-arm and deferred lists, the selector's buffers and the call scratch.
+ * A backend is handed a sn_port_t * and cannot see past its part; the
+ * port layer turns the same pointer into its own view with sn__layer().
+ * Internal to the port layer's files; cffi never sees it.
+ */
+#ifndef SN_LAYER_H
+#define SN_LAYER_H
+
+#include "sn_internal.h"
+
+struct sn_record;
+
+typedef struct sn_layer {
+    struct sn_port base;        /* first: a port's address is its layer's */
+    volatile long selecting;    /* a thread is inside sn_port_select() */
+
+    sn_mutex_t lock;            /* guards everything below */
+    struct sn_record *records;  /* record number -> record (sn_record.h) */
+    uint32_t records_cap;
+    uint32_t *free_recnos;      /* stack of free record numbers */
+    uint32_t free_count;
+    uint32_t live_count;
+    /* socket -> record number + 1 (sn_hash.h): every record not FREE. */
+    sn_hash_t index;
+    /* Delivered one-shot registrations awaiting an SN_PROCESS_REARM call;
+       tracked once such a call has been made (rearm_mode). */
+    uint32_t *rearm_recnos;
+    uint32_t rearm_count;
+    uint32_t rearm_cap;
+    int rearm_mode;
+    /* Records reborn after their REMOVE event (SN_CAP_KEY_FIXED): their
+       waiting ENABLE goes to the kernel in the next call. */
+    uint32_t *deferred_recnos;
+    uint32_t deferred_count;
+    uint32_t deferred_cap;
+    /* The count of bound changes the last select carried (sn_port_select_changes). */
+    uint32_t last_select_count;
+
+    /* The selector's buffers (sn_port_bind), owned by the caller. */
+    sn_registration_t *bound_changes;
+    uint32_t bound_changes_cap;
+    uint64_t *bound_out;
+    uint32_t bound_out_cap;
+    sn_kevent_t *bound_events;  /* ours: the kernel events of a select */
+    /* The select path's kernel registrations and their bookkeeping when
+       they do not fit on the stack (sn__run), grown once and kept: one
+       thread selects at a time (`selecting`), and a busy loop re-arms
+       more than a stack's worth of sockets on every select. */
+    sn_registration_t *select_kregs;
+    void *select_memos;         /* sn_memo_t[] (sn_run.h) */
+    uint32_t select_scratch_cap;
+} sn_layer_t;
+
+/* The port layer's view of a port (every port is allocated as one). */
+SN_INLINE sn_layer_t *sn__layer(sn_port_t *port) {
+    return (sn_layer_t *)(void *)port;
+}
+
+#endif /* SN_LAYER_H */

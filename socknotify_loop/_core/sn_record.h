@@ -1,0 +1,283 @@
+/*
+ * sn_record.h -- a port record and its state machine: the one place that
+ * writes a record's state. Internal to the port layer's files (backends
+ * never see a record); cffi never sees it. Everything here is called with
+ * the port's lock held.
+ *
+ * A record is what the port keeps about one registered socket: the
+ * caller's key, the filter and trigger of its last ENABLE, the generation
+ * that stamps its kernel keys, and its state. Every change of state is
+ * one of the functions below, each checking its precondition when the
+ * core is built with SN_CHECK_TRANSITIONS (the sanitizer run builds it so,
+ * tests/c/run_sanitizers.sh): a transition from a state it does not
+ * start from is reported to sn__transition_refused() and the record is
+ * left as it was. In a release build the checks compile to nothing, and
+ * each transition is the handful of stores it replaced.
+ *
+ * Where the input comes from outside -- a caller's change, a kernel
+ * event -- the callers check the state first and answer with an error code
+ * (sn_translate.c: SN_ERROR_NOT_REGISTERED for a REMOVE of a record that
+ * is not live) or drop the event (sn_run.c: a REMOVE event for a record
+ * that is not removing is not ours to end). A refused transition is
+ * therefore always a fault of the port's own code, never of its input.
+ *
+ * The states and their transitions are tabulated in docs/design.md ("The
+ * record in the C core"); tests/c/test_record_states.c walks that table,
+ * every legal transition taken and every illegal one refused. The model
+ * is the one the AFD polyfill's sockets follow (sn_afd_sock.c), as do
+ * wepoll's sockets (SOCK__POLL_IDLE, _PENDING, _CANCELLED) and mio's
+ * (SockPollStatus): named states, every transition checked.
+ *
+ * Two facts about a record are not states, because they are orthogonal to
+ * them, and each has one writer here too:
+ *   in_kernel  the kernel holds an item for the record (its last ENABLE
+ *              succeeded and no DISABLE has taken the item away since): the
+ *              next ENABLE modifies that item, and must fail if the kernel
+ *              lost it (the descriptor was closed), or adds one;
+ *   quiet      how a removal ends: its REMOVE event is not reported.
+ */
+#ifndef SN_RECORD_H
+#define SN_RECORD_H
+
+#include "sn_layer.h"
+
+/* The states of a record. The first three are "live": the registration is
+   the caller's, and changes to it are accepted. */
+typedef enum sn_rstate {
+    /* The record number is free; `generation` is the one its next record
+       will carry, so no key issued before matches it. */
+    SN_REC_FREE = 0,
+    /* Live, its last change an ENABLE (accepted, or on its way to the
+       kernel): what the kernel reports is passed on. */
+    SN_REC_ENABLED = 1,
+    /* Live, a one-shot registration that was delivered: the kernel has
+       disarmed it, and it is on the re-arm list, so that the next
+       SN_PROCESS_REARM call enables it again (and it turns ENABLED). */
+    SN_REC_FIRED = 2,
+    /* Live, its last change a DISABLE (applied, or on its way): nothing is
+       reported until the next ENABLE, not even what the kernel queued
+       before ("notifications that have already been queued might still
+       be delivered"). */
+    SN_REC_DISABLED = 3,
+    /* A REMOVE was accepted; the record waits for its REMOVE event (loud:
+       reported to the caller; quiet: not), after which it is retired.
+       Nothing else is reported for it. On epoll a quiet REMOVE retires the
+       record as soon as it succeeds, and the record is never seen here. */
+    SN_REC_REMOVING = 4,
+    /* Removing, and an ENABLE waits in the record (next_key, next_events,
+       next_trigger) for the REMOVE event: one kernel key per socket
+       (SN_CAP_KEY_FIXED), so the ENABLE may only go to the kernel under a
+       new key once the old one is done. At the REMOVE event (or at once,
+       if the REMOVE failed: the socket was closed) the record is reborn
+       under a new generation and turns ENABLED, its ENABLE on the
+       deferred list. */
+    SN_REC_REKEYING = 5,
+} sn_rstate_t;
+
+#define SN_REC_STATES 6
+
+/* Sets of states, for the preconditions (bit i: state i). */
+#define SN_REC_BIT(state)   (1u << (state))
+#define SN_REC_ANY_LIVE \
+    (SN_REC_BIT(SN_REC_ENABLED) | SN_REC_BIT(SN_REC_FIRED) | SN_REC_BIT(SN_REC_DISABLED))
+#define SN_REC_ANY_REMOVING (SN_REC_BIT(SN_REC_REMOVING) | SN_REC_BIT(SN_REC_REKEYING))
+#define SN_REC_ANY_USED     (SN_REC_ANY_LIVE | SN_REC_ANY_REMOVING)
+
+/* A registration record: one per registered socket. */
+typedef struct sn_record {
+    uint64_t socket;
+    uint64_t user_key;
+    uint32_t generation;  /* bumped each time the record number is freed */
+    uint16_t events;      /* the event filter of the last ENABLE */
+    uint8_t  trigger;     /* the trigger flags of the last ENABLE */
+    uint8_t  state;       /* sn_rstate_t */
+    uint8_t  in_kernel;   /* the kernel holds an item for it (see above) */
+    uint8_t  quiet;       /* REMOVING/REKEYING: the REMOVE event is not reported */
+    uint8_t  next_trigger;  /* REKEYING: the ENABLE that waits */
+    uint16_t next_events;
+    uint64_t next_key;
+} sn_record_t;
+
+/* Readers of the state, for the decisions outside this file. */
+SN_INLINE int sn__rec_live(const sn_record_t *r) {
+    return (unsigned)r->state - SN_REC_ENABLED < 3u;
+}
+SN_INLINE int sn__rec_removing(const sn_record_t *r) {
+    return r->state >= SN_REC_REMOVING;
+}
+
+/* The names of the states and of the transitions, for the reports of the
+   checked build and for tests (sn_table.c). */
+const char *sn__rec_state_name(unsigned state);
+
+#ifdef SN_CHECK_TRANSITIONS
+/* A transition asked of a record in a state it does not start from: by
+   default prints what and where, and aborts. A test may set the hook to
+   count refusals instead (the record is then left as it was). */
+void sn__transition_refused(const char *transition, unsigned state,
+                            const char *file, int line);
+extern void (*sn__transition_hook)(const char *transition, unsigned state);
+#define SN_REC_EXPECT(r, allowed, transition) \
+    ((SN_REC_BIT((r)->state) & (allowed)) != 0 || \
+     (sn__transition_refused((transition), (r)->state, __FILE__, __LINE__), 0))
+#else
+#define SN_REC_EXPECT(r, allowed, transition) 1
+#endif
+
+SN_INLINE void sn__rec_bump_generation(sn_record_t *r) {
+    r->generation = (r->generation + 1) & 0x7fffffffu;
+    if (r->generation == 0)
+        r->generation = 1;   /* no kernel key is ever 0 */
+}
+
+/* FREE -> ENABLED: a new registration, its ENABLE about to go to the
+   kernel (the kernel holds nothing yet). */
+SN_INLINE void sn__rec_open(sn_record_t *r, uint64_t socket, uint64_t user_key) {
+    if (!SN_REC_EXPECT(r, SN_REC_BIT(SN_REC_FREE), "open"))
+        return;
+    r->socket = socket;
+    r->user_key = user_key;
+    r->state = SN_REC_ENABLED;
+    r->in_kernel = 0;
+    r->quiet = 0;
+}
+
+/* live -> ENABLED: the caller's ENABLE accepted, with its filter. Returns
+   the state before, for the undoing of a call that failed as a whole. */
+SN_INLINE uint8_t sn__rec_enable(sn_record_t *r, uint16_t events, uint8_t trigger) {
+    uint8_t before = r->state;
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_LIVE, "enable"))
+        return before;
+    r->events = events;
+    r->trigger = trigger;
+    r->state = SN_REC_ENABLED;
+    return before;
+}
+
+/* ENABLED -> FIRED: a one-shot delivery disarmed the kernel's item; the
+   caller has put the record number on the re-arm list. */
+SN_INLINE void sn__rec_fire(sn_record_t *r) {
+    if (!SN_REC_EXPECT(r, SN_REC_BIT(SN_REC_ENABLED), "fire"))
+        return;
+    r->state = SN_REC_FIRED;
+}
+
+/* FIRED -> ENABLED: the port's own re-arm is on its way. */
+SN_INLINE void sn__rec_rearm(sn_record_t *r) {
+    if (!SN_REC_EXPECT(r, SN_REC_BIT(SN_REC_FIRED), "rearm"))
+        return;
+    r->state = SN_REC_ENABLED;
+}
+
+/* live -> DISABLED: the caller's DISABLE accepted. Returns the state
+   before. */
+SN_INLINE uint8_t sn__rec_disable(sn_record_t *r) {
+    uint8_t before = r->state;
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_LIVE, "disable"))
+        return before;
+    r->state = SN_REC_DISABLED;
+    return before;
+}
+
+/* live -> REMOVING: the caller's REMOVE accepted; `quiet`: its REMOVE
+   event is not reported. Returns the state before. */
+SN_INLINE uint8_t sn__rec_remove(sn_record_t *r, int quiet) {
+    uint8_t before = r->state;
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_LIVE, "remove"))
+        return before;
+    r->state = SN_REC_REMOVING;
+    r->quiet = (uint8_t)(quiet != 0);
+    return before;
+}
+
+/* live -> REKEYING: an ENABLE under another caller key for a live record
+   (re-keyed, or the socket value reused after a silent closesocket()),
+   where the kernel keeps a socket's key: a quiet REMOVE of the port's own
+   goes to the kernel, and the ENABLE waits for its REMOVE event. Returns
+   the state before. */
+SN_INLINE uint8_t sn__rec_rekey(sn_record_t *r, uint64_t key, uint16_t events,
+                                uint8_t trigger) {
+    uint8_t before = r->state;
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_LIVE, "rekey"))
+        return before;
+    r->state = SN_REC_REKEYING;
+    r->quiet = 1;
+    r->next_key = key;
+    r->next_events = events;
+    r->next_trigger = trigger;
+    return before;
+}
+
+/* REMOVING or REKEYING -> REKEYING: an ENABLE for a record whose REMOVE
+   is on its way waits in it for the REMOVE event (replacing one that
+   waited already). */
+SN_INLINE void sn__rec_wait(sn_record_t *r, uint64_t key, uint16_t events,
+                            uint8_t trigger) {
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_REMOVING, "wait"))
+        return;
+    r->state = SN_REC_REKEYING;
+    r->next_key = key;
+    r->next_events = events;
+    r->next_trigger = trigger;
+}
+
+/* REKEYING -> REMOVING: the ENABLE that waited is taken back (its owner
+   removed it, or the call that brought it failed as a whole); the kernel
+   never heard of it. */
+SN_INLINE void sn__rec_take_back(sn_record_t *r) {
+    if (!SN_REC_EXPECT(r, SN_REC_BIT(SN_REC_REKEYING), "take_back"))
+        return;
+    r->state = SN_REC_REMOVING;
+}
+
+/* used -> `before` (a live state): a call that failed as a whole ("no
+   changes occurred") puts the record back as it was before the change it
+   carried. A REMOVE undone ends the removal; an ENABLE that waited in the
+   record meanwhile goes with it (its owner hears of the call's error).
+   Back to FIRED only with the record number on the re-arm list again
+   (the caller's part), else to ENABLED. */
+SN_INLINE void sn__rec_restore(sn_record_t *r, uint8_t before) {
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_USED, "restore"))
+        return;
+    r->state = (SN_REC_BIT(before) & SN_REC_ANY_LIVE) ? before : SN_REC_ENABLED;
+    r->quiet = 0;
+}
+
+/* The fact "the kernel holds an item" (not a state: see above), set when
+   an ENABLE succeeded, cleared when a DISABLE did. Any used record: the
+   verdict may come back after another thread changed the record. */
+SN_INLINE void sn__rec_held(sn_record_t *r, int held) {
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_USED, "held"))
+        return;
+    r->in_kernel = (uint8_t)(held != 0);
+}
+
+/* used -> FREE: the record number is freed (the caller updates the table),
+   and the generation moves on, so every kernel key the record issued is
+   stale from now on. */
+SN_INLINE void sn__rec_free(sn_record_t *r) {
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_USED, "retire"))
+        return;
+    r->state = SN_REC_FREE;
+    r->in_kernel = 0;
+    r->quiet = 0;
+    sn__rec_bump_generation(r);
+}
+
+/* REKEYING -> ENABLED: the REMOVE event came (or the REMOVE failed: the
+   socket is gone), so the ENABLE that waited becomes the registration,
+   under a new generation; the kernel holds nothing for it yet, and the
+   caller puts the record number on the deferred list. */
+SN_INLINE void sn__rec_reborn(sn_record_t *r) {
+    if (!SN_REC_EXPECT(r, SN_REC_BIT(SN_REC_REKEYING), "reborn"))
+        return;
+    sn__rec_bump_generation(r);
+    r->state = SN_REC_ENABLED;
+    r->user_key = r->next_key;
+    r->events = r->next_events;
+    r->trigger = r->next_trigger;
+    r->in_kernel = 0;
+    r->quiet = 0;
+}
+
+#endif /* SN_RECORD_H */
