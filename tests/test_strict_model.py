@@ -619,6 +619,35 @@ def test_selector_reregister_while_remove_not_dequeued():
         assert seen == ["a2"]
 
 
+@pytest.mark.parametrize("backend", ["afd", "strict"])
+@pytest.mark.timeout(60)
+def test_selector_rearm_after_close_leaves_a_strangers_socket_alone(backend):
+    """A socket just reported, closed without being unregistered, its
+    handle value taken by a new socket: the selector's re-arm of the dead
+    registration must not register the newcomer ("overwrites the existing
+    registration", or creates one), or its readiness is reported under
+    the dead socket's key and its owner's own port is refused."""
+    a, b = nonblocking_pair()
+    with NotifySelector(backend) as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        assert [key.data for key, _ in sel.select(2)] == ["a"]
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            d.send(b"y")
+            time.sleep(0.05)
+            seen = []
+            for _ in range(4):
+                seen += [key.data for key, _ in sel.select(0.1)]
+            assert seen == []
+            # The newcomer's owner can tie it to a port of its own.
+            with Port(backend) as other:
+                assert wait_for(other, 7, regs=[Registration(c, 7, EVENT_IN)]) == EVENT_IN
+
+
 def test_selector_refused_socket_neither_blocks_nor_goes_deaf():
     a, b = nonblocking_pair()
     with a, b, NotifySelector("strict") as sel:

@@ -97,6 +97,7 @@
 
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The SDK's 64-bit layout (x64 and ARM64 alike), which the kernel reads:
    checked, not assumed, on every Windows build (sn_win.h refuses 32-bit
@@ -483,6 +484,61 @@ static int iocp__check(sn_port_t *port, uint64_t socket) {
     return 0;
 }
 
+#ifndef SO_BSP_STATE
+#define SO_BSP_STATE 0x1009   /* ws2def.h; mingw-w64's headers lack it */
+#endif
+
+/* A 32-bit FNV-1a hash of a peer address (never 0: 0 means "none"). */
+static uint32_t iocp__hash(const unsigned char *p, int n) {
+    uint32_t h = 2166136261u;
+    int i;
+    for (i = 0; i < n; i++)
+        h = (h ^ p[i]) * 16777619u;
+    return h != 0 ? h : 1;
+}
+
+/* What the socket under a handle value is (sn_identity_t), in one
+   getsockopt(SO_BSP_STATE): its type and protocol, local and remote
+   addresses. The registration's own reading of the socket, so that a
+   renewal after closesocket() cannot tie the socket that took the value
+   (see sn_rearm.h, sn__socket_replaced). An unbound socket may fail the
+   option (the reference page leaves it open): then only what SO_TYPE
+   says is known. */
+static int iocp__identify(sn_port_t *port, uint64_t socket, sn_identity_t *out) {
+    union {
+        CSADDR_INFO info;
+        unsigned char bytes[sizeof(CSADDR_INFO) + 2 * sizeof(SOCKADDR_STORAGE)];
+    } buf;
+    int len = (int)sizeof buf, type = 0;
+    const CSADDR_INFO *c = &buf.info;
+    (void)port;
+    memset(out, 0, sizeof *out);
+    if (getsockopt((SOCKET)socket, SOL_SOCKET, SO_BSP_STATE, (char *)&buf, &len) != 0) {
+        int err = WSAGetLastError();
+        len = (int)sizeof type;
+        if (err == WSAENOTSOCK ||
+            getsockopt((SOCKET)socket, SOL_SOCKET, SO_TYPE, (char *)&type, &len) != 0)
+            return err;
+        out->kind = (uint16_t)(0x8000u | (unsigned)(type & 0xff));
+        return 0;
+    }
+    /* The type alone: what the fallback above reads too, and what an
+       unbound socket's answer (if it has one) already says right. */
+    out->kind = (uint16_t)(0x8000u | (unsigned)(c->iSocketType & 0xff));
+    /* Every sockaddr has its port right after its 2-byte family. */
+    if (c->LocalAddr.lpSockaddr != NULL && c->LocalAddr.iSockaddrLength >= 4) {
+        const unsigned char *a = (const unsigned char *)c->LocalAddr.lpSockaddr;
+        out->local_port = (uint16_t)((a[2] << 8) | a[3]);
+    }
+    if (c->iSocketType == SOCK_STREAM && c->RemoteAddr.lpSockaddr != NULL &&
+        c->RemoteAddr.iSockaddrLength >= 4) {
+        const unsigned char *a = (const unsigned char *)c->RemoteAddr.lpSockaddr;
+        if (a[2] != 0 || a[3] != 0)
+            out->peer = iocp__hash(a, c->RemoteAddr.iSockaddrLength);
+    }
+    return 0;
+}
+
 static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
     sn_afd_counters(((iocp_port_t *)port->impl)->iocp, out);
 }
@@ -509,6 +565,7 @@ const sn_backend_ops_t sn_psn_ops = {
     .close = iocp__close,
     .os_handle = iocp__os_handle,
     .check = iocp__check,
+    .identify = iocp__identify,
 };
 
 const sn_backend_ops_t sn_strict_ops = {
@@ -523,6 +580,7 @@ const sn_backend_ops_t sn_strict_ops = {
     .close = iocp__close,
     .os_handle = iocp__os_handle,
     .check = iocp__check,
+    .identify = iocp__identify,
     .add_counters = iocp__add_afd_counters,
 };
 
@@ -538,6 +596,7 @@ const sn_backend_ops_t sn_afd_ops = {
     .close = iocp__close,
     .os_handle = iocp__os_handle,
     .check = iocp__check,
+    .identify = iocp__identify,
     .add_counters = iocp__add_afd_counters,
 };
 

@@ -86,7 +86,9 @@ uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs,
             port->deferred_recnos[kept++] = recno;
             continue;
         }
-        /* A fresh registration under the new key. */
+        /* A fresh registration under the new key, perhaps of another
+           socket than the record's last one (a value reused). */
+        sn__socket_identify(port, record);
         sn__own_enable(record, recno, (uint8_t)(record->trigger | SN_TRIGGER_ADD),
                        SN_MEMO_DEFERRED, &kregs[n], &memos[n]);
         n++;
