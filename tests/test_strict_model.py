@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import io
 import socket
+import threading
 import time
 
 import pytest
@@ -492,6 +493,52 @@ def test_port_rekey_of_a_reused_handle_does_not_sit_out_the_wait():
             notes = port.process([Registration(c, 2, EVENT_IN)], timeout=5)
             assert notes == [(2, EVENT_IN)]
             assert time.monotonic() - start < 2
+
+
+@pytest.mark.timeout(60)
+def test_port_two_threads_apply_changes_in_the_order_translated():
+    """Thread A's ENABLE is translated, then held by the model before it is
+    applied; thread B then removes the same registration. B's REMOVE must
+    not reach the kernel first: it would fail (nothing registered yet) and
+    retire the record, and A's ENABLE would then tie the socket under a
+    retired key, which close() does not remove."""
+    a, b = nonblocking_pair()
+    port = Port("strict")
+    threads: list[threading.Thread] = []
+    try:
+        control(port, lib.SN_MODEL_HOLD, None, 1)
+
+        def enable() -> None:
+            port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+
+        def remove() -> None:
+            try:
+                port.process([Registration(a, 1, op=OP_REMOVE)], timeout=0)
+            except OSError:
+                pass   # the REMOVE that overtook the ENABLE fails
+
+        threads.append(threading.Thread(target=enable))
+        threads[0].start()
+        deadline = time.monotonic() + 5
+        while control(port, lib.SN_MODEL_HOLD, None, 2) != 1:
+            assert time.monotonic() < deadline, "the ENABLE was never held"
+            time.sleep(0.01)
+        threads.append(threading.Thread(target=remove))
+        threads[1].start()
+        time.sleep(0.3)   # room for B to overtake A
+    finally:
+        control(port, lib.SN_MODEL_HOLD, None, 0)
+        for t in threads:
+            t.join(10)
+    try:
+        for _ in range(3):
+            port.process(timeout=0.05)   # the REMOVE event, if any
+        assert port.registered == 0
+        assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
+    finally:
+        port.close()
+        a.close()
+        b.close()
 
 
 @pytest.mark.timeout(60)

@@ -119,6 +119,8 @@ typedef struct model_port {
     uint32_t serial;          /* a port HANDLE value is reused; this is not */
     uint32_t fail_calls;      /* SN_MODEL_FAIL_CALLS */
     uint32_t modes;           /* SN_MODEL_MODE_* */
+    uint8_t hold;             /* SN_MODEL_HOLD: the next call with an ENABLE waits */
+    uint8_t holding;          /* ... and such a call is waiting now */
     struct model_port *next;
 } model_port_t;
 
@@ -142,6 +144,8 @@ typedef struct model_reg {
 } model_reg_t;
 
 static SRWLOCK model__lock = SRWLOCK_INIT;
+/* Where a call held by SN_MODEL_HOLD waits for its release. */
+static CONDITION_VARIABLE model__released = CONDITION_VARIABLE_INIT;
 /* socket -> its model_reg_t (the core's one hash table, sn_hash.h). */
 static sn_hash_t model__table;
 static model_port_t *model__ports;
@@ -602,6 +606,20 @@ DWORD WINAPI sn_model_process_socket_notifications(
         ReleaseSRWLockExclusive(&model__lock);
         return MODEL_ERR_CALL;
     }
+    if (mp->hold) {
+        /* SN_MODEL_HOLD: a test's seam between a batch's translation (done)
+           and its application (not yet), where another thread's batch may
+           overtake it. */
+        for (i = 0; i < registrationCount; i++)
+            if (registrationInfos[i].operation == SOCK_NOTIFY_OP_ENABLE)
+                break;
+        if (i < registrationCount) {
+            mp->hold = 0;
+            mp->holding = 1;
+            while (mp->holding)
+                SleepConditionVariableSRW(&model__released, &model__lock, INFINITE, 0);
+        }
+    }
     if (mp->modes & SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL) {
         /* "Invalid input such as a bad handle": the whole call. */
         for (i = 0; i < registrationCount; i++) {
@@ -732,6 +750,21 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
         else {
             answer = mp->modes;
             mp->modes = (uint32_t)value;
+        }
+        break;
+    case SN_MODEL_HOLD:
+        mp = model__port(iocp, 1);
+        if (mp == NULL || value < 0 || value > 2) {
+            answer = -(int64_t)ERROR_INVALID_PARAMETER;
+        } else if (value == 2) {
+            answer = mp->holding;
+        } else {
+            answer = mp->holding;
+            mp->hold = (uint8_t)value;
+            if (value == 0) {
+                mp->holding = 0;
+                WakeAllConditionVariable(&model__released);
+            }
         }
         break;
     case SN_MODEL_KEY:

@@ -37,6 +37,23 @@
  * up, so that a wait never ends before its time (a loop woken before its timer
  * is due would spin: asyncio and the stdlib selectors round up too).
  *
+ * Two threads. Where the backend applies changes in the call that waits
+ * (the completion-port backends: ProcessSocketNotifications applies, then
+ * dequeues), a batch is translated under the lock and applied outside it.
+ * Another thread's batch, translated later, could then reach the kernel
+ * first: a REMOVE of a registration whose ENABLE is still on its way fails
+ * (nothing is registered yet) and retires the record, and the ENABLE then
+ * ties the socket under a retired key that nothing reports and close()
+ * does not remove. So batches are applied in the order they were
+ * translated. A thread alone in the port keeps the one call that applies
+ * and waits; once two threads are in sn__run at once, the port is
+ * "ordered" for good: every batch is applied and settled under the lock,
+ * in a call of its own that does not wait (as epoll's are), and the wait
+ * follows, without changes. The batch a thread translated alone just
+ * before that may still be on its way: a thread that finds one waits for
+ * it to be settled before it translates, waking the port meanwhile so
+ * that a wait that carries it returns (sn__order_enter).
+ *
  * Locking: one mutex guards the table. It is held while registrations are
  * translated and while dequeued events are translated, never across the
  * kernel wait, so several threads can block in sn_port_process() at once.
@@ -282,6 +299,74 @@ static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *
     return 0;
 }
 
+/* The room left in a call's answer, in entries: `max_events` of them, of
+   which those written since `base` are taken. */
+static uint32_t sn__room_left(const sn_sink_t *sink, uint32_t max_events, uint32_t base) {
+    uint32_t used = sink->n + sink->io - base;
+    return max_events > used ? max_events - used : 0;
+}
+
+/* Enter the ordering of "Two threads" (top of this file); lock held, and
+   held again on return. Returns 1 if this call counts as a runner (to be
+   left by sn__order_leave). */
+static int sn__order_enter(sn_layer_t *port) {
+    unsigned spins = 0;
+    if (port->base.ops->caps & SN_CAP_CHANGES_AT_ONCE)
+        return 0;   /* applied under the lock always */
+    if (++port->runners > 1)
+        port->ordered = 1;
+    while (port->ordered && port->unapplied != 0) {
+        /* A batch translated before the port was ordered is on its way;
+           its wait may be long, so wake it now and then (the wake is
+           dropped by whichever wait takes it, which waits again). */
+        sn_mutex_unlock(&port->lock);
+        if (spins++ % 8 == 0)
+            port->base.ops->wake_all(&port->base);
+        sn_sleep_ms(1);
+        sn_mutex_lock(&port->lock);
+    }
+    return 1;
+}
+
+static void sn__order_leave(sn_layer_t *port, int runner, int unapplied) {
+    if (!runner && !unapplied)
+        return;
+    sn_mutex_lock(&port->lock);
+    port->runners -= (uint32_t)(runner != 0);
+    port->unapplied -= (uint32_t)(unapplied != 0);
+    sn_mutex_unlock(&port->lock);
+}
+
+/* Apply a batch at once, under the lock, in a call that does not wait
+   (an ordered port: "Two threads" above), settle it, report its deferred
+   ENABLEs that failed; then the same for the deferred ENABLEs it freed (a
+   re-key whose REMOVE failed), so that none of them sits out the wait.
+   Returns how many of the caller's ENABLEs failed. */
+static uint32_t sn__apply_ordered(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
+                                  sn_scratch_t *s, sn_kevent_t *events, uint32_t callers,
+                                  uint32_t total, uint32_t max_events, uint32_t base,
+                                  sn_sink_t *sink) {
+    uint32_t refused = 0, round, room;
+    for (round = 0; round < 2 && total != 0; round++) {
+        uint32_t got = 0, dropped = 0, i;
+        int call_error = port->base.ops->process(&port->base, s->kregs, total, 0, events, 0,
+                                                 &got, &dropped);
+        sn__settle(port, flags, regs, s->kregs, s->memos, callers, total, call_error);
+        sn__report_deferred_failures(s->kregs, s->memos, callers, total, sink);
+        for (i = 0; i < callers; i++)
+            refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+        callers = 0;
+        total = 0;
+        if (port->deferred_count != 0 && max_events != 0) {
+            (void)sn__scratch_fit(port, s, port->deferred_count);
+            room = sn__room_left(sink, max_events, base);
+            total = sn__prepare_deferred(port, s->kregs, s->memos,
+                                         room < s->cap ? room : s->cap);
+        }
+    }
+    return refused;
+}
+
 /* Whether a caller's change in the batch is a REMOVE that holds an ENABLE
    back until its REMOVE event (a re-key: sn_translate.c). */
 static int sn__holds_enable_back(const sn_memo_t *memos, uint32_t callers) {
@@ -290,13 +375,6 @@ static int sn__holds_enable_back(const sn_memo_t *memos, uint32_t callers) {
         if (!memos[i].skip && memos[i].waits == SN_WAITS_REKEY)
             return 1;
     return 0;
-}
-
-/* The room left in a call's answer, in entries: `max_events` of them, of
-   which those written since `base` are taken. */
-static uint32_t sn__room_left(const sn_sink_t *sink, uint32_t max_events, uint32_t base) {
-    uint32_t used = sink->n + sink->io - base;
-    return max_events > used ? max_events - used : 0;
 }
 
 /* A re-key (or a handle value reused after closesocket()) is a quiet
@@ -378,7 +456,7 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
        those written since `base` are taken). */
     uint32_t ndeferred = 0, base = sink->n + sink->io;
     int64_t deadline = 0;
-    int err;
+    int err, runner, unapplied = 0;
 
     /* The select path is the only caller with its own events buffer. */
     sn__scratch_init(&scratch, given_events != NULL);
@@ -393,8 +471,22 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         deadline = sn_deadline(timeout_ms);
 
     sn_mutex_lock(&port->lock);
+    runner = sn__order_enter(port);
     err = sn__run_prepare(port, flags, regs, count, &scratch, events, max_events, &total,
                           &refused, &ndeferred);
+    if (err == 0 && total != 0 && runner) {
+        if (port->ordered) {
+            refused += sn__apply_ordered(port, flags, regs, &scratch, events, callers, total,
+                                         max_events, base, sink);
+            total = ndeferred = 0;
+            callers = 0;
+            if (sink->n + sink->io != base)
+                timeout_ms = 0;   /* a deferred ENABLE failed: news for its owner */
+        } else {
+            port->unapplied++;    /* on its way, outside the lock */
+            unapplied = 1;
+        }
+    }
     sn_mutex_unlock(&port->lock);
     if (err != 0 || (max_events == 0 && total == 0))
         goto out;        /* no memory, or registrations only, applied */
@@ -406,6 +498,8 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         err = sn__apply_before_wait(port, flags, regs, &scratch, events, callers, max_events,
                                     base, sink, &total, &ndeferred, &timeout_ms);
         callers = 0;
+        sn__order_leave(port, 0, unapplied);   /* settled */
+        unapplied = 0;
         if (err != 0)
             goto out;
     }
@@ -431,6 +525,8 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 reported += sink->n - before;
                 total = 0;   /* registrations are applied once, by the first call */
                 callers = 0;
+                port->unapplied -= (uint32_t)unapplied;   /* settled */
+                unapplied = 0;
             }
             reported += sn__deliver(port, events, got, sink);
             deferred = port->deferred_count != 0;
@@ -455,9 +551,25 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         room = sn__room_left(sink, max_events, base);
         total = ndeferred = sn__prepare_deferred(port, scratch.kregs, scratch.memos,
                                                  room < scratch.cap ? room : scratch.cap);
+        if (total != 0 && runner) {
+            if (port->ordered) {
+                uint32_t before = sink->n + sink->io;
+                (void)sn__apply_ordered(port, flags, regs, &scratch, events, 0, total,
+                                        max_events, base, sink);
+                total = ndeferred = 0;
+                if (sink->n + sink->io != before) {
+                    sn_mutex_unlock(&port->lock);
+                    break;    /* a deferred ENABLE failed: reported */
+                }
+            } else {
+                port->unapplied++;
+                unapplied = 1;
+            }
+        }
         sn_mutex_unlock(&port->lock);
     }
 out:
+    sn__order_leave(port, runner, unapplied);
     sn__scratch_release(&scratch);
     if (events != stack_events && events != given_events)
         free(events);
