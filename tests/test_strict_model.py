@@ -560,6 +560,24 @@ def test_port_refused_modify_does_not_sit_out_the_wait():
 
 
 @pytest.mark.timeout(60)
+def test_port_modify_of_an_armed_registration():
+    """The reference page: "Notifications must not be re-enabled until the
+    SOCK_NOTIFY_EVENT_DISABLE notification is received". Where the OS
+    refuses an ENABLE of an armed registration (a modify: IN to IN|OUT),
+    the port disables and enables it again, in the same call: the writer is
+    heard at once, by the OS, not by the polyfill standing in for it."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED)
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        notes = port.process([Registration(a, 1, EVENT_IN | EVENT_OUT)], timeout=0)
+        assert notes == [(1, EVENT_OUT)]
+        assert port.counters()["fallbacks"] == 0
+        b.send(b"x")
+        assert wait_for(port, 1, regs=[Registration(a, 1, EVENT_IN)]) == EVENT_IN
+
+
+@pytest.mark.timeout(60)
 def test_refused_socket_falls_back_under_a_plain_wait():
     """The OS's wait is a plain GetQueuedCompletionStatusEx: the polyfill's
     packets for a refused socket reach the port as they are, and the port

@@ -228,18 +228,54 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
     return 1;
 }
 
-/* The OS function's verdicts back into the caller's records, refusals
-   the polyfill can make good handed to it (sn_iocp_fallback.c). `routed`
-   marks the registrations the polyfill applied already. Returns 1 if a
-   caller ENABLE is still refused. */
+static int iocp__whole_call_failed(DWORD rc) {
+    return rc != ERROR_SUCCESS && rc != WAIT_TIMEOUT && rc != ERROR_TIMEOUT;
+}
+
+/* A modify the OS refused, of a registration it holds (the port layer
+   says so: SN_TRIGGER_MODIFY_ONLY): perhaps because it is armed, which the
+   reference page may forbid ("Notifications must not be re-enabled until
+   the SOCK_NOTIFY_EVENT_DISABLE notification is received"). So once more,
+   after a DISABLE (with the ENABLE's trigger, which DISABLE may need too),
+   in one call that does not wait. Returns the ENABLE's new verdict. */
+static DWORD iocp__reenable(sn_port_t *port, iocp_port_t *ip,
+                            const SOCK_NOTIFY_REGISTRATION *kreg) {
+    SOCK_NOTIFY_REGISTRATION two[2];
+    DWORD rc;
+    two[0] = *kreg;
+    two[0].operation = SOCK_NOTIFY_OP_DISABLE;
+    two[0].triggerFlags = (UINT8)(kreg->triggerFlags &
+                                  (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE));
+    two[0].registrationResult = ERROR_SUCCESS;
+    two[1] = *kreg;
+    two[1].registrationResult = ERROR_SUCCESS;
+    SN_COUNT(port, SN_COUNT_WAITS);
+    rc = ip->process(ip->iocp, 2, two, 0, 0, NULL, NULL);
+    if (iocp__whole_call_failed(rc))
+        return kreg->registrationResult;
+    return two[1].registrationResult;
+}
+
+/* The OS function's verdicts back into the caller's records: a refused
+   modify tried once more after a DISABLE (iocp__reenable; *reenabled
+   counts those it saved), refusals the polyfill can make good handed to
+   it (sn_iocp_fallback.c). `routed` marks the registrations the polyfill
+   applied already. Returns 1 if a caller ENABLE is still refused. */
 static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
                           SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
-                          uint32_t count) {
+                          uint32_t count, int *reenabled) {
     uint32_t i;
     int refused = 0;
     for (i = 0; i < count; i++) {
         if (routed[i])
             continue;
+        if (!ip->polyfill && kregs[i].registrationResult != ERROR_SUCCESS &&
+            kregs[i].registrationResult != WSAENOTSOCK && regs[i].op == SN_OP_ENABLE &&
+            (regs[i].trigger & SN_TRIGGER_MODIFY_ONLY) &&
+            iocp__reenable(port, ip, &kregs[i]) == ERROR_SUCCESS) {
+            kregs[i].registrationResult = ERROR_SUCCESS;
+            (*reenabled)++;
+        }
         if (!ip->polyfill && sn_iocp_fallback_take(&ip->fallbacks, ip->iocp, &kregs[i]))
             SN_COUNT(port, SN_COUNT_FALLBACKS);
         regs[i].result = (uint32_t)kregs[i].registrationResult;
@@ -248,10 +284,6 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
             refused = 1;
     }
     return refused;
-}
-
-static int iocp__whole_call_failed(DWORD rc) {
-    return rc != ERROR_SUCCESS && rc != WAIT_TIMEOUT && rc != ERROR_TIMEOUT;
 }
 
 /* A call that failed as a whole ("the entire operation failed, and no
@@ -271,6 +303,7 @@ static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *re
                          SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
                          uint32_t count, DWORD rc, int *refused) {
     uint32_t i, tried = 0, failed = 0;
+    int reenabled = 0;
     DWORD one;
     for (i = 0; i < count; i++) {
         if (routed[i] || kregs[i].operation == SOCK_NOTIFY_OP_NONE)
@@ -293,7 +326,7 @@ static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *re
             return (int)rc;
         }
     }
-    *refused = iocp__verdicts(port, ip, regs, kregs, routed, count);
+    *refused = iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled);
     return 0;
 }
 
@@ -311,7 +344,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     UINT32 got = 0, j;
     DWORD rc, result;
     uint32_t i;
-    int err = 0, first_enable = 0, refused = 0;
+    int err = 0, first_enable = 0, refused = 0, reenabled = 0;
 
     *received = 0;
     *dropped = 0;
@@ -363,7 +396,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                 goto out;
             if (refused)
                 timeout_ms = 0;
-        } else if (iocp__verdicts(port, ip, regs, kregs, routed, count)) {
+        } else if (iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled)) {
             timeout_ms = 0;
         }
         count = 0;
@@ -394,7 +427,19 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                      : ip->process(ip->iocp, 0, NULL, refused ? 0 : iocp__timeout(timeout_ms),
                                    max_events, entries, &got);
         } else {
-            iocp__verdicts(port, ip, regs, kregs, routed, count);
+            iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled);
+            if (reenabled && max_events > got &&
+                (rc == ERROR_SUCCESS || rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)) {
+                /* A modify applied only after this call dequeued: what it
+                   asks for may be at hand already, so look once more. */
+                UINT32 more = 0;
+                SN_COUNT(port, SN_COUNT_WAITS);
+                if (ip->process(ip->iocp, 0, NULL, 0, max_events - got, entries + got,
+                                &more) == ERROR_SUCCESS && more != 0) {
+                    got += more;
+                    rc = ERROR_SUCCESS;
+                }
+            }
         }
     }
     if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)

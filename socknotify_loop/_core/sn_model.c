@@ -111,6 +111,7 @@
 #define MODEL_ERR_TIED      ERROR_INVALID_PARAMETER
 #define MODEL_ERR_PROVIDER  WSAEOPNOTSUPP
 #define MODEL_ERR_CALL      ERROR_NO_SYSTEM_RESOURCES
+#define MODEL_ERR_ARMED     ERROR_INVALID_PARAMETER
 
 enum { MODEL_LIVE = 1, MODEL_REMOVING = 2 };
 
@@ -407,6 +408,9 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
         } else {
             /* Rule 1: whatever key the caller gives, the first one stays. */
             model_reg_t probe = *r;
+            if ((mp->modes & SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED) && r->armed &&
+                r->state == MODEL_LIVE)
+                return MODEL_ERR_ARMED;
             probe.filter = reg->eventFilter;
             probe.trigger = reg->triggerFlags;
             probe.high = high;

@@ -141,8 +141,13 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
         }
         /* Queued before a DISABLE or REMOVE ("might still be delivered"),
            or dequeued by another thread's wait before it: the caller asked
-           for nothing more. */
-        if (record->state >= SN_REC_DISABLED)
+           for nothing more. And a one-shot registration delivered already
+           (FIRED): the kernel disarmed it, so a second notification under
+           its key was queued before that delivery -- for instance before
+           the DISABLE with which the port re-enables an armed
+           registration (sn_iocp.c) -- and reporting it would report the
+           one readiness twice. */
+        if (record->state >= SN_REC_DISABLED || record->state == SN_REC_FIRED)
             continue;
         /* A one-shot delivery disarmed the registration in the kernel,
            whatever we make of it: note it for the next re-arm even if

@@ -310,7 +310,10 @@ void sn_port_free(sn_port_t *port);
 #define SN_MODEL_MODE_STALE_AFTER_CLOSE      0x10  /* a registration ended by closesocket()
                                                       leaves a notification queued under its
                                                       key */
-#define SN_MODEL_MODES_HARSHEST              0x1F
+#define SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED  0x20  /* ENABLE of a registration that is
+                                                      armed (enabled, not disabled, its
+                                                      one-shot not delivered) refused */
+#define SN_MODEL_MODES_HARSHEST              0x3F
 #define SN_MODEL_UNTIED          0
 #define SN_MODEL_TIED_HERE       1
 #define SN_MODEL_TIED_REMOVING   2
