@@ -771,6 +771,19 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
             }
         }
         break;
+    case SN_MODEL_QUEUE:
+        /* A notification queued now under the socket's key, as the OS
+           queues one for a ready socket: whatever the port applies next
+           (a DISABLE, a REMOVE) comes after it ("notifications that have
+           already been queued might still be delivered"). */
+        r = model__find((SOCKET)socket);
+        mp = model__port(iocp, 0);
+        if (r == NULL || !model__same_socket(r) || mp == NULL || r->serial != mp->serial ||
+            value <= 0 || value > 0xff)
+            answer = -(int64_t)ERROR_NOT_FOUND;
+        else if (!PostQueuedCompletionStatus(iocp, (DWORD)value, r->key, NULL))
+            answer = -(int64_t)GetLastError();
+        break;
     case SN_MODEL_KEY:
         r = model__find((SOCKET)socket);
         if (r == NULL || !model__same_socket(r))

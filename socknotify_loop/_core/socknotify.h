@@ -296,6 +296,8 @@ void sn_port_free(sn_port_t *port);
 #define SN_MODEL_HOLD        6  /* value 1: the port's next call that carries an ENABLE
                                    waits, before it applies anything, until value 0
                                    releases it; value 2 asks whether a call waits (1) */
+#define SN_MODEL_QUEUE       7  /* queue a notification with events `value` under
+                                   `socket`'s key now, before whatever comes next */
 /* The model's modes (docs/strict-model.md gives each one's sentence of
    Microsoft's documentation). */
 #define SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL  0x01  /* a handle that is no socket fails the
