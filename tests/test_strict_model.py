@@ -48,6 +48,13 @@ from socknotify_loop.selector import EVENT_READ, NotifySelector
 
 pytestmark = pytest.mark.skipif(not WINDOWS, reason="the strict model runs on Windows only")
 
+if WINDOWS and not hasattr(lib, "sn_model_control"):
+    # The model's controls are in the cdef of a test build only
+    # (SOCKNOTIFY_TESTING=1, _core/sn_testing.h): a production build here
+    # would skip every test below in silence.
+    raise ImportError("the strict model's tests need a test build of the core "
+                      "(SOCKNOTIFY_TESTING=1; tools/wine test and all make one)")
+
 ONESHOT = TRIGGER_LEVEL | TRIGGER_ONESHOT
 PERSISTENT = TRIGGER_LEVEL | TRIGGER_PERSISTENT
 ERROR_INVALID_PARAMETER = 87

@@ -97,6 +97,7 @@
 #include "sn_internal.h"
 #include "sn_win.h"
 #include "sn_afd.h"
+#include "sn_testing.h"
 
 #include <stdlib.h>
 #include <string.h>

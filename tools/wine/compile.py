@@ -15,6 +15,8 @@ from .python import python_dir
 BUILDER = os.path.join(PACKAGE, "_build.py")
 #: The environment variable that asks for a core with checked transitions.
 CHECK_TRANSITIONS = "SOCKNOTIFY_CHECK_TRANSITIONS"
+#: The environment variable that asks for a test build (the builder's own).
+TESTING = "SOCKNOTIFY_TESTING"
 
 
 def load_builder():
