@@ -2,6 +2,8 @@
 
 The cdef is read from the one public header, ``_core/socknotify.h``, between
 its CDEF markers, so the C declarations and what Python sees cannot drift.
+A test build (SOCKNOTIFY_TESTING=1) adds those of ``_core/sn_testing.h``,
+the strict model's controls, which the production interface leaves out.
 ``setup.py`` names ``socknotify_loop/_build.py:ffibuilder`` in
 ``cffi_modules``; the Windows cross-build (``tools/wine/``) imports the
 same ``ffibuilder`` and emits its C code for mingw-w64. A build-time file:
@@ -21,6 +23,10 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE = os.path.join(HERE, "_core")
 HEADER = os.path.join(CORE, "socknotify.h")
+#: The test-only declarations (the strict model's controls), in the cdef of
+#: a test build alone: SOCKNOTIFY_TESTING=1 in the environment of the build.
+TESTING_HEADER = os.path.join(CORE, "sn_testing.h")
+TESTING = "SOCKNOTIFY_TESTING"
 
 # One C file per concern (docs/design.md has the map); each backend file
 # compiles to nothing on the operating systems it does not serve (#ifdef
@@ -93,8 +99,12 @@ def check_free_threaded_cffi() -> None:
             f"(this is cffi {'.'.join(map(str, version))}): pip install 'cffi>=2.0'")
 
 
-def make_builder(target_windows: bool | None = None) -> FFI:
-    """Build the FFI object; target_windows overrides the host OS (cross builds)."""
+def make_builder(target_windows: bool | None = None, testing: bool | None = None) -> FFI:
+    """Build the FFI object; target_windows overrides the host OS (cross builds);
+    testing (default: SOCKNOTIFY_TESTING=1 in the environment) adds the
+    test-only declarations of ``_core/sn_testing.h``."""
+    if testing is None:
+        testing = os.environ.get(TESTING) == "1"
     native_windows = sys.platform == "win32"
     if target_windows is None:
         target_windows = native_windows
@@ -109,10 +119,10 @@ def make_builder(target_windows: bool | None = None) -> FFI:
         # The mingw-w64 cross-build (tools/wine/) passes its own flags.
         compile_args = []
     builder = FFI()
-    builder.cdef(read_cdef())
+    builder.cdef(read_cdef() + (read_cdef(TESTING_HEADER) if testing else ""))
     builder.set_source(
         "socknotify_loop._socknotify",
-        '#include "socknotify.h"\n',
+        '#include "sn_testing.h"\n' if testing else '#include "socknotify.h"\n',
         sources=[os.path.relpath(os.path.join(CORE, name)) for name in SOURCES],
         include_dirs=[os.path.relpath(CORE)],
         libraries=windows_libraries() if target_windows else [],

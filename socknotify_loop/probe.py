@@ -14,7 +14,21 @@ on Windows 11 or Server 2022 settles them:
 - a socket registered with another completion port (refused?),
 - a socket left registered with a port that was closed (refused by the next?),
 - edge-triggered without draining (a second notification for new data?),
-- ENABLE without LEVEL or EDGE (refused?).
+- ENABLE without LEVEL or EDGE (refused?),
+- a closed handle in a batch (its registration's error, or the whole call's?),
+- a LEVEL|ONESHOT registration re-armed with data unread (fires at once?),
+- ENABLE of an armed registration with a new filter (refused? which filter?),
+- a socket closed after its REMOVE, before the REMOVE event is dequeued
+  (does the event still come?),
+- closesocket() with a notification queued (delivered after the close?),
+- a socket tied to a completion port by CreateIoCompletionPort (refused,
+  with which error?),
+- a failed non-blocking connect watched for OUT only (does ERR come?),
+- DISABLE with no trigger flags (refused?).
+
+Answers are compared by meaning: "refused (error 87)" and "refused (error
+10045)" are the same answer to "is it refused?", and the report marks only
+a difference in meaning (the codes are printed for the record).
 
 Each question runs on a fresh completion port through the bare function
 (:class:`~socknotify_loop.port.RawPort`, the port module's wrapper of
@@ -26,6 +40,7 @@ contrast) only.
 from __future__ import annotations
 
 import platform
+import re
 import socket
 import sys
 import time
@@ -33,7 +48,9 @@ from typing import Callable, Dict, List, NamedTuple, Optional, TextIO, Tuple
 
 from .port import (
     ERROR_TIMEOUT,
+    EVENT_ERR,
     EVENT_IN,
+    EVENT_OUT,
     EVENT_REMOVE,
     OP_DISABLE,
     OP_ENABLE,
@@ -183,6 +200,150 @@ def enable_without_trigger(backend: str) -> str:
             or "accepted"
 
 
+class _Handle:
+    """A bare handle value where :meth:`RawPort.call` wants a socket."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def fileno(self) -> int:
+        return self.value
+
+
+def closed_handle_in_a_batch(backend: str) -> str:
+    a, b = _pair()
+    c, d = _pair()
+    with a, b, RawPort(backend) as port:
+        problem = _registered(*port.call([(c, 9, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
+        if problem:
+            return problem
+        closed = _Handle(c.fileno())
+        c.close()
+        d.close()
+        rc, results, _ = port.call([(closed, 9, 0, OP_REMOVE, 0),  # type: ignore[list-item]
+                                    (a, 10, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)
+        if rc not in (0, WAIT_TIMEOUT, ERROR_TIMEOUT):
+            return f"whole call failed (error {rc})"
+        if results[0] and not results[1]:
+            return f"its registration failed (error {results[0]}), the rest applied"
+        return f"results {results}"
+
+
+def oneshot_rearm_unread(backend: str) -> str:
+    a, b = _pair()
+    with a, b, RawPort(backend) as port:
+        problem = _registered(*port.call([(a, 11, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
+        if problem:
+            return problem
+        b.send(b"x")
+        if not _keys(port.collect(300), EVENT_IN):
+            return "no notification for the data"
+        problem = _registered(*port.call([(a, 11, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
+        if problem:
+            return f"re-arm {problem}"
+        return "fires again at once" if _keys(port.collect(300), EVENT_IN) \
+            else "silent until new data"
+
+
+def enable_armed_new_filter(backend: str) -> str:
+    a, b = _pair()
+    with a, b, RawPort(backend) as port:
+        problem = _registered(*port.call([(a, 12, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
+        if problem:
+            return problem
+        problem = _registered(*port.call(
+            [(a, 12, EVENT_IN | EVENT_OUT, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
+        if problem:
+            return problem
+        return "accepted, new filter used" if _keys(port.collect(300), EVENT_OUT) \
+            else "accepted, old filter kept"
+
+
+def closed_before_remove_event(backend: str) -> str:
+    a, b = _pair()
+    with b, RawPort(backend) as port:
+        problem = _registered(*port.call([(a, 13, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
+        if problem:
+            return problem
+        rc, results, _ = port.call([(a, 13, 0, OP_REMOVE, 0)], 0, 0)
+        if rc or results[0]:
+            a.close()
+            return f"REMOVE refused (call {rc}, results {results})"
+        a.close()
+        return "REMOVE event delivered" if _keys(port.collect(300), EVENT_REMOVE) \
+            else "no REMOVE event"
+
+
+def closesocket_with_queued(backend: str) -> str:
+    a, b = _pair()
+    with b, RawPort(backend) as port:
+        problem = _registered(*port.call([(a, 14, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
+        if problem:
+            a.close()
+            return problem
+        b.send(b"x")
+        time.sleep(0.1)          # the notification is queued by now
+        a.close()
+        return "delivered after the close" if _keys(port.collect(300), EVENT_IN) \
+            else "nothing after the close"
+
+
+def tied_by_create_io_completion_port(backend: str) -> str:
+    import ctypes
+
+    # Looked up by name: they exist on Windows only, where this runs, and
+    # the type checker also reads this module as on Linux.
+    names = ("WinDLL", "get_last_error")
+    kernel32 = getattr(ctypes, names[0])("kernel32", use_last_error=True)
+    last_error = getattr(ctypes, names[1])
+    create = kernel32.CreateIoCompletionPort
+    create.restype = ctypes.c_void_p
+    create.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32]
+    close = kernel32.CloseHandle
+    close.argtypes = [ctypes.c_void_p]
+    a, b = _pair()
+    with a, b, RawPort(backend) as port:
+        other = create(ctypes.c_void_p(-1), None, 0, 0)
+        if not other:
+            return f"no completion port (error {last_error()})"
+        try:
+            if not create(a.fileno(), other, 1, 0):
+                return f"not tied (error {last_error()})"
+            return _registered(*port.call([(a, 15, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2]) \
+                or "accepted"
+        finally:
+            close(other)
+
+
+def failed_connect_out_only(backend: str) -> str:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    address = closed.getsockname()
+    closed.close()               # nobody listens there now
+    a = socket.socket()
+    a.setblocking(False)
+    with a, RawPort(backend) as port:
+        a.connect_ex(address)
+        problem = _registered(*port.call(
+            [(a, 16, EVENT_OUT, OP_ENABLE, ONESHOT)], 0, 0)[:2])
+        if problem:
+            return problem
+        notes = port.collect(3000 if backend != "afd" else 1500)
+        if _keys(notes, EVENT_ERR):
+            return "ERR reported"
+        return "OUT without ERR" if _keys(notes, EVENT_OUT) else "nothing"
+
+
+def disable_without_trigger(backend: str) -> str:
+    a, b = _pair()
+    with a, b, RawPort(backend) as port:
+        problem = _registered(*port.call([(a, 17, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
+        if problem:
+            return problem
+        return _registered(*port.call([(a, 17, EVENT_IN, OP_DISABLE, 0)], 0, 0)[:2]) \
+            or "accepted"
+
+
 class Question(NamedTuple):
     """One documented-but-unverified rule, and how to ask a backend."""
 
@@ -199,7 +360,21 @@ QUESTIONS: Tuple[Question, ...] = (
     Question("port closed after the socket's REMOVE", closed_port_after_remove),
     Question("edge-triggered, not drained", edge_without_draining),
     Question("ENABLE without LEVEL or EDGE", enable_without_trigger),
+    Question("closed handle in a batch", closed_handle_in_a_batch),
+    Question("LEVEL|ONESHOT re-armed, data unread", oneshot_rearm_unread),
+    Question("ENABLE of an armed registration, new filter", enable_armed_new_filter),
+    Question("socket closed before its REMOVE event", closed_before_remove_event),
+    Question("closesocket() with a notification queued", closesocket_with_queued),
+    Question("socket tied by CreateIoCompletionPort", tied_by_create_io_completion_port),
+    Question("failed connect, OUT-only filter", failed_connect_out_only),
+    Question("DISABLE without trigger flags", disable_without_trigger),
 )
+
+
+def meaning(answer: str) -> str:
+    """An answer without its error codes: what it means, for comparing
+    the OS's answers with the model's."""
+    return re.sub(r"\s*\((?:call |error )[^)]*\)", "", answer).strip()
 
 
 def ask(question: Question, backend: str) -> str:
@@ -235,10 +410,28 @@ def probe(out: TextIO = sys.stdout) -> Dict[str, Dict[str, str]]:
         for question in QUESTIONS:
             answer = answers[question.name][backend]
             mark = ""
-            if backend == "psn" and answer != answers[question.name]["strict"]:
+            if backend == "psn" and meaning(answer) != meaning(answers[question.name]["strict"]):
                 mark = "   <-- differs from the model"
             out.write(f"  {question.name:<{width}}  {answer}{mark}\n")
+    out.write(REPORT_REQUEST if has_psn else REPORT_NO_PSN)
     return answers
+
+
+#: What the owner of a machine with the function is asked to send back.
+REPORT_REQUEST = """
+Please send this whole output back to the project (an issue on its tracker
+titled "probe-os: " and the Windows build above), together with the output
+of `python -m socknotify_loop --info` and of `ver` in cmd.exe. Every line
+marked "differs from the model" is a rule the project's tests read
+otherwise than this Windows does; the lines without a mark confirm a
+reading. Run it on an otherwise idle machine, as a normal user, with no
+third-party firewall or layered service provider if you can (say if not).
+"""
+
+REPORT_NO_PSN = """
+This Windows has no ProcessSocketNotifications (it needs Windows 11 or
+Server 2022, build 20348, and later): nothing to send back from here.
+"""
 
 
 def main(out: TextIO = sys.stdout) -> int:

@@ -108,6 +108,18 @@ def test_cffi_sees_one_header_and_it_includes_no_internal_one():
     assert local_includes()["socknotify.h"] == set()
 
 
+def test_test_only_entry_points_are_out_of_the_production_header():
+    """The strict model's controls are declared in sn_testing.h, which a
+    production build's cdef leaves out; the production header names none
+    of them."""
+    builder = load_builder()
+    production = builder.read_cdef()
+    testing = builder.read_cdef(builder.TESTING_HEADER)
+    assert "sn_model_control" not in production and "SN_MODEL_" not in production
+    assert "sn_model_control" in testing
+    assert local_includes()["sn_testing.h"] == {"socknotify.h"}
+
+
 # -- the Python modules: imports run downward only ---------------------------------
 
 #: docs/design.md's layers, top first: a module imports only modules of a

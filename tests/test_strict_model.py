@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import io
 import socket
+import threading
 import time
 
 import pytest
@@ -30,6 +31,7 @@ from socknotify_loop import Loop, probe
 from socknotify_loop.launcher import main
 from socknotify_loop.port import (
     EVENT_IN,
+    EVENT_OUT,
     EVENT_REMOVE,
     OP_DISABLE,
     OP_REMOVE,
@@ -46,6 +48,13 @@ from socknotify_loop.selector import EVENT_READ, NotifySelector
 
 pytestmark = pytest.mark.skipif(not WINDOWS, reason="the strict model runs on Windows only")
 
+if WINDOWS and not hasattr(lib, "sn_model_control"):
+    # The model's controls are in the cdef of a test build only
+    # (SOCKNOTIFY_TESTING=1, _core/sn_testing.h): a production build here
+    # would skip every test below in silence.
+    raise ImportError("the strict model's tests need a test build of the core "
+                      "(SOCKNOTIFY_TESTING=1; tools/wine test and all make one)")
+
 ONESHOT = TRIGGER_LEVEL | TRIGGER_ONESHOT
 PERSISTENT = TRIGGER_LEVEL | TRIGGER_PERSISTENT
 ERROR_INVALID_PARAMETER = 87
@@ -61,6 +70,35 @@ def control(port: Port, what: int, sock=None, value: int = 0) -> int:
 
 def refuse(port: Port, sock) -> None:
     control(port, lib.SN_MODEL_REFUSE, sock, 1)
+
+
+def set_modes(port: Port, modes: int) -> None:
+    """Give the port's model these SN_MODEL_MODE_* flags."""
+    control(port, lib.SN_MODEL_MODES, None, modes)
+
+
+#: Calls a test tells the model to fail: more than the port makes while it
+#: takes a failed batch apart, so that the failure is the port's own.
+FAIL_FOR_GOOD = 1000
+
+
+def socket_on_handle(handle: int, tries: int = 64) -> tuple[socket.socket, socket.socket]:
+    """A connected pair whose first socket has the handle value ``handle``
+    (closed just before): Windows hands values out again at once. Skips
+    if none comes."""
+    spare = []
+    try:
+        for _ in range(tries):
+            a, b = nonblocking_pair()
+            if a.fileno() == handle:
+                return a, b
+            if b.fileno() == handle:
+                return b, a
+            spare += [a, b]
+    finally:
+        for s in spare:
+            s.close()
+    pytest.skip("no new socket took the closed handle value")
 
 
 def wait_for(port, key, timeout=2.0, regs=()):
@@ -86,10 +124,26 @@ MODEL_ANSWERS = {
     "port closed after the socket's REMOVE": "accepted",
     "edge-triggered, not drained": "one notification until drained",
     "ENABLE without LEVEL or EDGE": f"refused (error {ERROR_INVALID_PARAMETER})",
+    "closed handle in a batch": "its registration failed (error 1168), the rest applied",
+    "LEVEL|ONESHOT re-armed, data unread": "fires again at once",
+    "ENABLE of an armed registration, new filter": "accepted, new filter used",
+    "socket closed before its REMOVE event": "REMOVE event delivered",
+    "closesocket() with a notification queued": "delivered after the close",
+    "socket tied by CreateIoCompletionPort": "accepted",
+    "failed connect, OUT-only filter": "ERR reported",
+    "DISABLE without trigger flags": "accepted",
 }
 #: Questions both answer alike (a fixed rule of the polyfill's, or where
-#: the forgiving and the strict reading agree).
-SAME_ON_AFD = {"port closed after the socket's REMOVE", "ENABLE without LEVEL or EDGE"}
+#: the forgiving and the strict reading agree). The model's default answers
+#: the last eight as the polyfill does; its modes (SN_MODEL_MODE_*) take
+#: the harsher readings, which the port is tested against.
+SAME_ON_AFD = {"port closed after the socket's REMOVE", "ENABLE without LEVEL or EDGE",
+               "closed handle in a batch", "LEVEL|ONESHOT re-armed, data unread",
+               "ENABLE of an armed registration, new filter",
+               "socket closed before its REMOVE event",
+               "closesocket() with a notification queued",
+               "socket tied by CreateIoCompletionPort", "failed connect, OUT-only filter",
+               "DISABLE without trigger flags"}
 
 
 @pytest.mark.parametrize("question", probe.QUESTIONS, ids=lambda q: q.name)
@@ -104,13 +158,38 @@ def test_forgiving_polyfill_answers_otherwise(question):
     assert probe.ask(question, "afd") == MODEL_ANSWERS[question.name]
 
 
+def test_probe_compares_answers_by_meaning():
+    assert probe.meaning("refused (error 87)") == probe.meaning("refused (error 10045)")
+    assert probe.meaning("refused (call 0, results [87, 0])") == "refused"
+    assert probe.meaning("its registration failed (error 1168), the rest applied") == \
+        probe.meaning("its registration failed (error 10038), the rest applied")
+    assert probe.meaning("accepted") != probe.meaning("refused (error 87)")
+
+
+@pytest.mark.timeout(120)
+def test_probe_tells_a_windows_11_owner_what_to_send(monkeypatch):
+    """Where the OS has the function, the report ends by asking for the
+    whole output back, and marks every answer that differs in meaning."""
+    real = probe.available_backends()
+    faked = dict(real, psn=(True, "pretended for the test"))
+    monkeypatch.setattr(probe, "available_backends", lambda: faked)
+    monkeypatch.setattr(probe, "QUESTIONS", probe.QUESTIONS[:2])
+    out = io.StringIO()
+    probe.probe(out)
+    text = out.getvalue()
+    assert "Please send this whole output back" in text
+    assert "--info" in text
+    assert "differs from the model" in text     # psn's answers are errors here
+
+
 def test_model_fails_a_whole_call_and_changes_nothing():
     a, b = nonblocking_pair()
     with a, b, Port("strict") as port:
-        control(port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, FAIL_FOR_GOOD)
         reg = Registration(a, 1, EVENT_IN)
         with pytest.raises(OSError):
             port.process([reg], timeout=0)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 0)
         assert reg.result != 0
         assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
 
@@ -199,6 +278,45 @@ def test_port_reports_nothing_queued_before_disable_or_remove():
         assert notes == [(1, EVENT_REMOVE)]
 
 
+@pytest.mark.parametrize("op", [OP_DISABLE, OP_REMOVE])
+def test_port_reports_nothing_queued_before_the_change(op):
+    """A notification queued (by the model, at a known moment) before a
+    DISABLE or a REMOVE, and dequeued by the call that applies it: only a
+    REMOVE's own event may reach the caller."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        control(port, lib.SN_MODEL_QUEUE, a, EVENT_IN)
+        notes = port.process([Registration(a, 1, EVENT_IN, op, trigger=PERSISTENT)],
+                             timeout=0.2)
+        deadline = time.monotonic() + 2
+        while op == OP_REMOVE and (1, EVENT_REMOVE) not in notes and \
+                time.monotonic() < deadline:
+            notes += port.process(timeout=0.1)
+        notes += port.process(timeout=0.1)
+        assert notes == ([(1, EVENT_REMOVE)] if op == OP_REMOVE else [])
+
+
+def test_port_enable_while_its_remove_event_is_on_its_way():
+    """The REMOVING path itself: the REMOVE reaches the OS in a call that
+    dequeues nothing, so its event is still on its way when the ENABLE
+    under a new key comes. The ENABLE must wait for that event (the OS
+    keeps the old key until then), then notify under the new key."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        # A register-only call (the selector's change path): no dequeue.
+        assert lib.sn_port_change(port._handle, a.fileno(), 1, 0, OP_REMOVE, 0) == 0
+        assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_TIED_REMOVING
+        notes = port.process([Registration(a, 2, EVENT_IN)], timeout=0)
+        b.send(b"x")
+        deadline = time.monotonic() + 3
+        while (2, EVENT_IN) not in notes and time.monotonic() < deadline:
+            notes += port.process(timeout=0.1)
+        # (That REMOVE was a quiet one: its event is not reported.)
+        assert notes == [(2, EVENT_IN)]
+
+
 @pytest.mark.parametrize("backend", ["afd", "strict"])
 def test_port_enable_without_level_or_edge_is_refused(backend):
     """ProcessSocketNotifications wants LEVEL or EDGE with ENABLE; the port
@@ -211,6 +329,28 @@ def test_port_enable_without_level_or_edge_is_refused(backend):
             port.process([reg], timeout=0)
         assert reg.result == ERROR_INVALID_PARAMETER
         assert port.registered == 0
+
+
+def test_polyfill_alone_refuses_enable_without_level_or_edge():
+    """The polyfill's own check of the rule, with no port in front of it
+    (the bare function) and no model above it."""
+    question = next(q for q in probe.QUESTIONS if q.name == "ENABLE without LEVEL or EDGE")
+    assert probe.ask(question, "afd") == f"refused (error {ERROR_INVALID_PARAMETER})"
+
+
+def test_port_alone_refuses_enable_without_level_or_edge():
+    """The port's own check of the rule: the ENABLE never reaches the
+    function (a caller's ENABLE that does costs a call of its own before
+    the wait), so the model's and the polyfill's checks behind it are not
+    what refused it."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        before = port.counters()["waits"]
+        reg = Registration(a, 1, EVENT_IN, trigger=TRIGGER_PERSISTENT)
+        with pytest.raises(OSError):
+            port.process([reg], timeout=1)
+        assert reg.result == ERROR_INVALID_PARAMETER
+        assert port.counters()["waits"] - before == 1
 
 
 def test_port_edge_needs_draining():
@@ -266,14 +406,250 @@ def test_port_whole_call_failure_keeps_the_registrations():
     a, b = nonblocking_pair()
     with a, b, Port("strict") as port:
         port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
-        control(port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, FAIL_FOR_GOOD)
         remove = Registration(a, 1, 0, OP_REMOVE)
         with pytest.raises(OSError):
             port.process([remove], timeout=0)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 0)
         # Nothing changed: still registered, still notified.
         assert port.registered == 1
         b.send(b"x")
         assert wait_for(port, 1) == EVENT_IN
+
+
+def test_port_whole_call_failure_once_applies_the_batch():
+    """A call that fails as a whole once (a transient fault): the port
+    applies the batch registration by registration, and nothing is lost
+    or raised."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        reg = Registration(a, 1, EVENT_IN, trigger=PERSISTENT)
+        port.process([reg], timeout=0)
+        assert reg.result == 0
+        b.send(b"x")
+        assert wait_for(port, 1) == EVENT_IN
+
+
+@pytest.mark.timeout(60)
+def test_port_bad_handle_failing_the_whole_call_fails_its_change_alone():
+    """A REMOVE for a socket its owner closed already, in a batch with
+    another socket's ENABLE, on an OS that fails the whole call for a bad
+    handle: the ENABLE is applied, the REMOVE alone fails, and later calls
+    do not fail again."""
+    a, b = nonblocking_pair()
+    c, d = nonblocking_pair()
+    e, f = nonblocking_pair()
+    with a, b, c, d, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL)
+        port.process([Registration(e, 5, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        handle = e.fileno()
+        e.close()
+        f.close()
+        remove = Registration(handle, 5, 0, OP_REMOVE)
+        enable = Registration(a, 1, EVENT_IN, trigger=PERSISTENT)
+        b.send(b"x")
+        start = time.monotonic()
+        with pytest.raises(OSError) as raised:
+            port.process([remove, enable], timeout=5)
+        # The REMOVE's own error, not the call's: the ENABLE went through.
+        assert raised.value.winerror == remove.result != 0
+        assert enable.result == 0
+        assert time.monotonic() - start < 4
+        assert wait_for(port, 1) == EVENT_IN
+        port.process([Registration(c, 3, EVENT_IN)], timeout=0)   # no failure left over
+
+
+@pytest.mark.timeout(60)
+def test_selector_survives_a_closed_socket_failing_the_whole_call():
+    """asyncio's pattern: a socket closed before its unregister reached the
+    port. Every select must go on, and the other registrations work."""
+    a, b = nonblocking_pair()
+    c, d = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        set_modes(sel.port, lib.SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL)
+        sel.register(c, EVENT_READ, "c")
+        sel.select(0)
+        sel.unregister(c)
+        c.close()
+        d.close()
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        seen = []
+        for _ in range(5):
+            seen += [key.data for key, _ in sel.select(0.2)]
+        assert "a" in seen
+
+
+@pytest.mark.timeout(60)
+def test_port_rekey_of_a_reused_handle_does_not_sit_out_the_wait():
+    """A handle value reused after closesocket() and registered under a
+    new key while readable: the old registration's REMOVE fails (the
+    socket is gone), and the ENABLE it held back must reach the kernel
+    before the wait, not after it."""
+    a, b = nonblocking_pair()
+    with Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            d.send(b"x")
+            time.sleep(0.05)
+            start = time.monotonic()
+            notes = port.process([Registration(c, 2, EVENT_IN)], timeout=5)
+            assert notes == [(2, EVENT_IN)]
+            assert time.monotonic() - start < 2
+
+
+@pytest.mark.timeout(60)
+def test_port_two_threads_apply_changes_in_the_order_translated():
+    """Thread A's ENABLE is translated, then held by the model before it is
+    applied; thread B then removes the same registration. B's REMOVE must
+    not reach the kernel first: it would fail (nothing registered yet) and
+    retire the record, and A's ENABLE would then tie the socket under a
+    retired key, which close() does not remove."""
+    a, b = nonblocking_pair()
+    port = Port("strict")
+    threads: list[threading.Thread] = []
+    try:
+        control(port, lib.SN_MODEL_HOLD, None, 1)
+
+        def enable() -> None:
+            port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+
+        def remove() -> None:
+            try:
+                port.process([Registration(a, 1, op=OP_REMOVE)], timeout=0)
+            except OSError:
+                pass   # the REMOVE that overtook the ENABLE fails
+
+        threads.append(threading.Thread(target=enable))
+        threads[0].start()
+        deadline = time.monotonic() + 5
+        while control(port, lib.SN_MODEL_HOLD, None, 2) != 1:
+            assert time.monotonic() < deadline, "the ENABLE was never held"
+            time.sleep(0.01)
+        threads.append(threading.Thread(target=remove))
+        threads[1].start()
+        time.sleep(0.3)   # room for B to overtake A
+    finally:
+        control(port, lib.SN_MODEL_HOLD, None, 0)
+        for t in threads:
+            t.join(10)
+    try:
+        for _ in range(3):
+            port.process(timeout=0.05)   # the REMOVE event, if any
+        assert port.registered == 0
+        assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
+    finally:
+        port.close()
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(60)
+def test_port_refused_modify_does_not_sit_out_the_wait():
+    """A modify of a registration the OS holds (IN to IN|OUT on a writable
+    socket) that the OS refuses: the port must hear of it before the wait
+    and let the polyfill serve the socket, not wait out the timeout."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        refuse(port, a)
+        try:
+            start = time.monotonic()
+            notes = port.process([Registration(a, 1, EVENT_IN | EVENT_OUT)], timeout=5)
+            assert time.monotonic() - start < 2
+            assert notes == [(1, EVENT_OUT)]
+        finally:
+            lib.sn_model_control(port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+
+
+@pytest.mark.timeout(60)
+def test_port_modify_of_an_armed_registration():
+    """The reference page: "Notifications must not be re-enabled until the
+    SOCK_NOTIFY_EVENT_DISABLE notification is received". Where the OS
+    refuses an ENABLE of an armed registration (a modify: IN to IN|OUT),
+    the port disables and enables it again, in the same call: the writer is
+    heard at once, by the OS, not by the polyfill standing in for it."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED)
+        port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+        notes = port.process([Registration(a, 1, EVENT_IN | EVENT_OUT)], timeout=0)
+        assert notes == [(1, EVENT_OUT)]
+        assert port.counters()["fallbacks"] == 0
+        b.send(b"x")
+        assert wait_for(port, 1, regs=[Registration(a, 1, EVENT_IN)]) == EVENT_IN
+
+
+@pytest.mark.timeout(60)
+def test_refused_socket_falls_back_under_a_plain_wait():
+    """The OS's wait is a plain GetQueuedCompletionStatusEx: the polyfill's
+    packets for a refused socket reach the port as they are, and the port
+    must turn them into events."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_PLAIN_WAIT)
+        refuse(port, a)
+        try:
+            b.send(b"x")
+            start = time.monotonic()
+            assert port.process([Registration(a, 1, EVENT_IN)], timeout=5) == [(1, EVENT_IN)]
+            assert time.monotonic() - start < 2
+            assert port.counters()["fallbacks"] == 1
+            a.recv(10)
+            b.send(b"y")
+            assert wait_for(port, 1, regs=[Registration(a, 1, EVENT_IN)]) == EVENT_IN
+            assert wait_for(port, 1, regs=[Registration(a, 1, 0, OP_REMOVE)]) == EVENT_REMOVE
+        finally:
+            lib.sn_model_control(port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+
+
+def test_port_disable_carries_a_trigger():
+    """DISABLE with no trigger flags from the caller, on a model that wants
+    LEVEL or EDGE with DISABLE as with ENABLE: the port sends the
+    registration's own."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER)
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        disable = Registration(a, 1, EVENT_IN, OP_DISABLE, trigger=0)
+        port.process([disable], timeout=0)
+        assert disable.result == 0
+
+
+def test_port_timeout_as_error_timeout():
+    """A wait that times out with ERROR_TIMEOUT (one reference page's
+    word) is a timeout, not a failure."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_ERROR_TIMEOUT)
+        assert port.process([Registration(a, 1, EVENT_IN)], timeout=0.05) == []
+        assert port.process(timeout=0) == []
+
+
+@pytest.mark.timeout(60)
+def test_port_drops_what_a_closed_socket_left_queued():
+    """closesocket() with a notification queued: it must not reach the
+    socket that takes the handle value next, under its new key."""
+    a, b = nonblocking_pair()
+    with Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_STALE_AFTER_CLOSE)
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            notes = port.process([Registration(c, 2, EVENT_IN, trigger=PERSISTENT)],
+                                 timeout=0.3)
+            notes += port.process(timeout=0.3)
+            assert notes == []
+            d.send(b"x")
+            assert wait_for(port, 2) == EVENT_IN
 
 
 # -- the selector on the model ------------------------------------------------------------
@@ -316,6 +692,35 @@ def test_selector_reregister_while_remove_not_dequeued():
         assert seen == ["a2"]
 
 
+@pytest.mark.parametrize("backend", ["afd", "strict"])
+@pytest.mark.timeout(60)
+def test_selector_rearm_after_close_leaves_a_strangers_socket_alone(backend):
+    """A socket just reported, closed without being unregistered, its
+    handle value taken by a new socket: the selector's re-arm of the dead
+    registration must not register the newcomer ("overwrites the existing
+    registration", or creates one), or its readiness is reported under
+    the dead socket's key and its owner's own port is refused."""
+    a, b = nonblocking_pair()
+    with NotifySelector(backend) as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        assert [key.data for key, _ in sel.select(2)] == ["a"]
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            d.send(b"y")
+            time.sleep(0.05)
+            seen = []
+            for _ in range(4):
+                seen += [key.data for key, _ in sel.select(0.1)]
+            assert seen == []
+            # The newcomer's owner can tie it to a port of its own.
+            with Port(backend) as other:
+                assert wait_for(other, 7, regs=[Registration(c, 7, EVENT_IN)]) == EVENT_IN
+
+
 def test_selector_refused_socket_neither_blocks_nor_goes_deaf():
     a, b = nonblocking_pair()
     with a, b, NotifySelector("strict") as sel:
@@ -342,9 +747,10 @@ def test_selector_whole_call_failure_loses_nothing():
         b.send(b"x")
         assert [k.data for k, _ in sel.select(2)] == ["a"]
         sel.register(c, EVENT_READ, "c")      # a change for the failing call
-        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, 1)
+        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, FAIL_FOR_GOOD)
         with pytest.raises(OSError):
             sel.select(0)
+        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, 0)
         # The re-arm of a and the registration of c both survive.
         d.send(b"y")
         seen = set()

@@ -290,6 +290,21 @@ ULONG sn_afd_translate(HANDLE completionPort, OVERLAPPED_ENTRY *entries, ULONG g
     return n;
 }
 
+ULONG_PTR sn_afd_entry_key(HANDLE completionPort, const OVERLAPPED_ENTRY *entry) {
+    afd_port_t *ap;
+    ULONG_PTR key;
+    if (entry->lpCompletionKey != SN_AFD_COMPLETION_KEY ||
+        sn_afd_port_get(completionPort, &ap) != 0)
+        return 0;
+    /* The state outlives its poll's packet (it is freed only when the
+       packet is fed back), so it is there to read; its key changes under
+       the lock. */
+    AcquireSRWLockExclusive(&ap->lock);
+    key = AFD_SOCK_OF_OVERLAPPED(entry->lpOverlapped)->key;
+    ReleaseSRWLockExclusive(&ap->lock);
+    return key;
+}
+
 /* ------------------------------------------------------------ the process */
 
 /* Waits of a zero-timeout call that dequeued only internal packets. */

@@ -32,6 +32,13 @@ DWORD WINAPI sn_afd_process_socket_notifications(
    what their completions asked for; returns the entries left. */
 ULONG sn_afd_translate(HANDLE port, OVERLAPPED_ENTRY *entries, ULONG got);
 
+/* The completion key of the registration a polyfill packet (key
+   SN_AFD_COMPLETION_KEY) is about, before sn_afd_translate() turns it
+   into a notification; 0 for any other entry. For the strict model's
+   plain wait, which translates its own packets and leaves the port's
+   fallback's to the port. */
+ULONG_PTR sn_afd_entry_key(HANDLE port, const OVERLAPPED_ENTRY *entry);
+
 /* Release the polyfill's state for a port: cancel outstanding polls, wait
    for their completions (the kernel writes into our memory until then),
    close the helper handles, free everything. Call it BEFORE closing the

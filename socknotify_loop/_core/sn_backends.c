@@ -23,6 +23,7 @@
  * IOCTL_AFD_POLL), which is why the polyfill is the default there.
  */
 #include "sn_internal.h"
+#include "sn_testing.h"
 
 #include <string.h>
 

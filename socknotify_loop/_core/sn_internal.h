@@ -63,6 +63,15 @@ typedef struct sn_kevent {
                           completion (events == SN_EVENT_IO) */
 } sn_kevent_t;
 
+/* What tells a socket from another that later took its handle value,
+   where the kernel does not (sn_backend_ops.identify): facts about a
+   socket that never change once known. 0 in a field: not known (yet). */
+typedef struct sn_identity {
+    uint32_t peer;        /* a hash of a stream socket's peer address */
+    uint16_t local_port;  /* the port it is bound to */
+    uint16_t kind;        /* address family, type and protocol; 0: unread */
+} sn_identity_t;
+
 /* Everything that differs between backends, in one table. The port layer
    never asks which backend it runs on: it reads this. */
 typedef struct sn_backend_ops {
@@ -94,6 +103,11 @@ typedef struct sn_backend_ops {
     uint64_t (*os_handle)(sn_port_t *port);
     /* A cheap check that a socket can be registered (see sn_port_check). */
     int (*check)(sn_port_t *port, uint64_t socket);
+    /* What the socket under this handle value is (sn_identity_t): 0, or
+       the error that says it is no socket. NULL where the kernel itself
+       refuses to renew a registration for a file that took a closed
+       descriptor's number (epoll: EPOLL_CTL_MOD fails with ENOENT). */
+    int (*identify)(sn_port_t *port, uint64_t socket, sn_identity_t *out);
     /* Add counts kept outside the port struct (the polyfill's own kernel
        calls) into out[SN_COUNTERS]; NULL when there are none. */
     void (*add_counters)(sn_port_t *port, uint64_t *out);

@@ -36,8 +36,11 @@
  *     sockets tied to another completion port. The selector asks
  *     sn_port_check() (is it an open socket?) at register() time and the
  *     port layer refuses bad arguments before the call; a batch that
- *     registers a new socket is applied in a call of its own before the
- *     wait, and a socket the OS refuses while it is still open is served
+ *     brings a caller's ENABLE (a new socket's, or a modify: either may be
+ *     refused) is applied in a call of its own before the wait, and a
+ *     call that fails as a whole is taken apart registration by
+ *     registration (iocp__isolate); a socket the OS refuses while it is
+ *     still open is served
  *     by the polyfill on the same port (sn_iocp_fallback.c). What
  *     remains is a socket closed between register() and the next select;
  *     its failure is reported when the call returns. (The polyfill, which
@@ -94,6 +97,7 @@
 
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The SDK's 64-bit layout (x64 and ARM64 alike), which the kernel reads:
    checked, not assumed, on every Windows build (sn_win.h refuses 32-bit
@@ -224,18 +228,54 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
     return 1;
 }
 
-/* The OS function's verdicts back into the caller's records, refusals
-   the polyfill can make good handed to it (sn_iocp_fallback.c). `routed`
-   marks the registrations the polyfill applied already. Returns 1 if a
-   caller ENABLE is still refused. */
+static int iocp__whole_call_failed(DWORD rc) {
+    return rc != ERROR_SUCCESS && rc != WAIT_TIMEOUT && rc != ERROR_TIMEOUT;
+}
+
+/* A modify the OS refused, of a registration it holds (the port layer
+   says so: SN_TRIGGER_MODIFY_ONLY): perhaps because it is armed, which the
+   reference page may forbid ("Notifications must not be re-enabled until
+   the SOCK_NOTIFY_EVENT_DISABLE notification is received"). So once more,
+   after a DISABLE (with the ENABLE's trigger, which DISABLE may need too),
+   in one call that does not wait. Returns the ENABLE's new verdict. */
+static DWORD iocp__reenable(sn_port_t *port, iocp_port_t *ip,
+                            const SOCK_NOTIFY_REGISTRATION *kreg) {
+    SOCK_NOTIFY_REGISTRATION two[2];
+    DWORD rc;
+    two[0] = *kreg;
+    two[0].operation = SOCK_NOTIFY_OP_DISABLE;
+    two[0].triggerFlags = (UINT8)(kreg->triggerFlags &
+                                  (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE));
+    two[0].registrationResult = ERROR_SUCCESS;
+    two[1] = *kreg;
+    two[1].registrationResult = ERROR_SUCCESS;
+    SN_COUNT(port, SN_COUNT_WAITS);
+    rc = ip->process(ip->iocp, 2, two, 0, 0, NULL, NULL);
+    if (iocp__whole_call_failed(rc))
+        return kreg->registrationResult;
+    return two[1].registrationResult;
+}
+
+/* The OS function's verdicts back into the caller's records: a refused
+   modify tried once more after a DISABLE (iocp__reenable; *reenabled
+   counts those it saved), refusals the polyfill can make good handed to
+   it (sn_iocp_fallback.c). `routed` marks the registrations the polyfill
+   applied already. Returns 1 if a caller ENABLE is still refused. */
 static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
                           SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
-                          uint32_t count) {
+                          uint32_t count, int *reenabled) {
     uint32_t i;
     int refused = 0;
     for (i = 0; i < count; i++) {
         if (routed[i])
             continue;
+        if (!ip->polyfill && kregs[i].registrationResult != ERROR_SUCCESS &&
+            kregs[i].registrationResult != WSAENOTSOCK && regs[i].op == SN_OP_ENABLE &&
+            (regs[i].trigger & SN_TRIGGER_MODIFY_ONLY) &&
+            iocp__reenable(port, ip, &kregs[i]) == ERROR_SUCCESS) {
+            kregs[i].registrationResult = ERROR_SUCCESS;
+            (*reenabled)++;
+        }
         if (!ip->polyfill && sn_iocp_fallback_take(&ip->fallbacks, ip->iocp, &kregs[i]))
             SN_COUNT(port, SN_COUNT_FALLBACKS);
         regs[i].result = (uint32_t)kregs[i].registrationResult;
@@ -246,8 +286,48 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
     return refused;
 }
 
-static int iocp__whole_call_failed(DWORD rc) {
-    return rc != ERROR_SUCCESS && rc != WAIT_TIMEOUT && rc != ERROR_TIMEOUT;
+/* A call that failed as a whole ("the entire operation failed, and no
+   changes occurred"), for a reason that may not go away: the article's
+   threaded sample says the call "can fail ... due to invalid input such
+   as a bad handle", and asyncio routinely queues a REMOVE for a socket
+   its owner has closed already. Sent again as it was, the batch would
+   fail again at every call, and the loop with it. So each registration
+   is applied alone, without waiting: those the OS takes are applied,
+   and one that fails a call of its own gets that call's error as its
+   own result, which reaches its owner alone. If every one fails alone
+   and a call with no registration at all fails too, the fault is the
+   port's, not a registration's: nothing was applied (SN_RESULT_UNAPPLIED,
+   as before) and the error is returned. Returns 0 when the batch is
+   settled, *refused set if a caller's ENABLE still failed. */
+static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
+                         SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
+                         uint32_t count, DWORD rc, int *refused) {
+    uint32_t i, tried = 0, failed = 0;
+    int reenabled = 0;
+    DWORD one;
+    for (i = 0; i < count; i++) {
+        if (routed[i] || kregs[i].operation == SOCK_NOTIFY_OP_NONE)
+            continue;
+        tried++;
+        SN_COUNT(port, SN_COUNT_WAITS);
+        kregs[i].registrationResult = ERROR_SUCCESS;
+        one = ip->process(ip->iocp, 1, &kregs[i], 0, 0, NULL, NULL);
+        if (iocp__whole_call_failed(one)) {
+            kregs[i].registrationResult = one;
+            failed++;
+        }
+    }
+    if (tried != 0 && failed == tried) {
+        SN_COUNT(port, SN_COUNT_WAITS);
+        if (iocp__whole_call_failed(ip->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL))) {
+            for (i = 0; i < count; i++)
+                if (!routed[i])
+                    regs[i].result = SN_RESULT_UNAPPLIED;
+            return (int)rc;
+        }
+    }
+    *refused = iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled);
+    return 0;
 }
 
 static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
@@ -264,7 +344,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     UINT32 got = 0, j;
     DWORD rc, result;
     uint32_t i;
-    int err = 0, first_enable = 0;
+    int err = 0, first_enable = 0, refused = 0, reenabled = 0;
 
     *received = 0;
     *dropped = 0;
@@ -295,25 +375,30 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
             /* A socket the polyfill serves: every change went there. */
             regs[i].result = (uint32_t)result;
             routed[i] = 1;
-        } else if (regs[i].op == SN_OP_ENABLE && !(regs[i].trigger & SN_TRIGGER_MODIFY_ONLY)) {
+        } else if (regs[i].op == SN_OP_ENABLE && !(regs[i].trigger & SN_TRIGGER_REARM)) {
+            /* Not only a socket's first ENABLE may be refused: a modify
+               of a registration the OS holds (add_writer on a socket
+               registered for reading) may be too, and its owner must
+               not wait for the wait to end to hear of it. */
             first_enable = 1;
         }
     }
 
     if (first_enable && max_events != 0 && timeout_ms != 0) {
-        /* A new socket may be refused: hear it before waiting. */
+        /* A caller's ENABLE may be refused: hear it before waiting. */
         SN_COUNT(port, SN_COUNT_WAITS);
         rc = ip->process(ip->iocp, count, kregs, 0, 0, NULL, NULL);
         if (iocp__whole_call_failed(rc)) {
-            /* "The entire operation failed, and no changes occurred." */
-            for (i = 0; i < count; i++)
-                if (!routed[i])
-                    regs[i].result = SN_RESULT_UNAPPLIED;
-            err = (int)rc;
-            goto out;
-        }
-        if (iocp__verdicts(port, ip, regs, kregs, routed, count))
+            /* "The entire operation failed, and no changes occurred": find
+               the registration that makes it fail. */
+            if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc,
+                                     &refused)) != 0)
+                goto out;
+            if (refused)
+                timeout_ms = 0;
+        } else if (iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled)) {
             timeout_ms = 0;
+        }
         count = 0;
     }
 
@@ -328,13 +413,33 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     }
     if (count != 0) {
         if (iocp__whole_call_failed(rc)) {
-            /* Nothing was applied: the port layer keeps every record as
-               it was (SN_RESULT_UNAPPLIED), and the call fails. */
-            for (i = 0; i < count; i++)
-                if (!routed[i])
-                    regs[i].result = SN_RESULT_UNAPPLIED;
+            /* Nothing was applied, nor waited for: each registration
+               alone, then (unless the port itself fails: the port layer
+               keeps every record as it was, SN_RESULT_UNAPPLIED, and the
+               call fails) a poll for what is at hand. The caller then
+               hears at once of the change that failed. */
+            if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc,
+                                     &refused)) != 0)
+                goto out;
+            SN_COUNT(port, SN_COUNT_WAITS);
+            rc = max_events == 0
+                     ? ip->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL)
+                     : ip->process(ip->iocp, 0, NULL, refused ? 0 : iocp__timeout(timeout_ms),
+                                   max_events, entries, &got);
         } else {
-            iocp__verdicts(port, ip, regs, kregs, routed, count);
+            iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled);
+            if (reenabled && max_events > got &&
+                (rc == ERROR_SUCCESS || rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)) {
+                /* A modify applied only after this call dequeued: what it
+                   asks for may be at hand already, so look once more. */
+                UINT32 more = 0;
+                SN_COUNT(port, SN_COUNT_WAITS);
+                if (ip->process(ip->iocp, 0, NULL, 0, max_events - got, entries + got,
+                                &more) == ERROR_SUCCESS && more != 0) {
+                    got += more;
+                    rc = ERROR_SUCCESS;
+                }
+            }
         }
     }
     if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
@@ -343,10 +448,16 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         err = (int)rc;
         goto out;
     }
-    if (!ip->polyfill && !ip->model) {
-        /* The polyfill's packets came out of the OS's wait: its own. */
+    if (!ip->polyfill) {
+        /* The polyfill's packets came out of the OS's wait: its own. (The
+           strict model's wait translates them itself unless it is a plain
+           GetQueuedCompletionStatusEx, as the OS's is: then the model
+           leaves the fallback's packets to this line, and any packet of a
+           registration the model has dropped to the next.) */
         UINT32 left = (UINT32)sn_iocp_fallback_translate(&ip->fallbacks, ip->iocp,
                                                          entries, got);
+        if (ip->model)
+            left = (UINT32)sn_afd_translate(ip->iocp, entries, left);
         *dropped += got - left;
         got = left;
     }
@@ -418,6 +529,61 @@ static int iocp__check(sn_port_t *port, uint64_t socket) {
     return 0;
 }
 
+#ifndef SO_BSP_STATE
+#define SO_BSP_STATE 0x1009   /* ws2def.h; mingw-w64's headers lack it */
+#endif
+
+/* A 32-bit FNV-1a hash of a peer address (never 0: 0 means "none"). */
+static uint32_t iocp__hash(const unsigned char *p, int n) {
+    uint32_t h = 2166136261u;
+    int i;
+    for (i = 0; i < n; i++)
+        h = (h ^ p[i]) * 16777619u;
+    return h != 0 ? h : 1;
+}
+
+/* What the socket under a handle value is (sn_identity_t), in one
+   getsockopt(SO_BSP_STATE): its type and protocol, local and remote
+   addresses. The registration's own reading of the socket, so that a
+   renewal after closesocket() cannot tie the socket that took the value
+   (see sn_rearm.h, sn__socket_replaced). An unbound socket may fail the
+   option (the reference page leaves it open): then only what SO_TYPE
+   says is known. */
+static int iocp__identify(sn_port_t *port, uint64_t socket, sn_identity_t *out) {
+    union {
+        CSADDR_INFO info;
+        unsigned char bytes[sizeof(CSADDR_INFO) + 2 * sizeof(SOCKADDR_STORAGE)];
+    } buf;
+    int len = (int)sizeof buf, type = 0;
+    const CSADDR_INFO *c = &buf.info;
+    (void)port;
+    memset(out, 0, sizeof *out);
+    if (getsockopt((SOCKET)socket, SOL_SOCKET, SO_BSP_STATE, (char *)&buf, &len) != 0) {
+        int err = WSAGetLastError();
+        len = (int)sizeof type;
+        if (err == WSAENOTSOCK ||
+            getsockopt((SOCKET)socket, SOL_SOCKET, SO_TYPE, (char *)&type, &len) != 0)
+            return err;
+        out->kind = (uint16_t)(0x8000u | (unsigned)(type & 0xff));
+        return 0;
+    }
+    /* The type alone: what the fallback above reads too, and what an
+       unbound socket's answer (if it has one) already says right. */
+    out->kind = (uint16_t)(0x8000u | (unsigned)(c->iSocketType & 0xff));
+    /* Every sockaddr has its port right after its 2-byte family. */
+    if (c->LocalAddr.lpSockaddr != NULL && c->LocalAddr.iSockaddrLength >= 4) {
+        const unsigned char *a = (const unsigned char *)c->LocalAddr.lpSockaddr;
+        out->local_port = (uint16_t)((a[2] << 8) | a[3]);
+    }
+    if (c->iSocketType == SOCK_STREAM && c->RemoteAddr.lpSockaddr != NULL &&
+        c->RemoteAddr.iSockaddrLength >= 4) {
+        const unsigned char *a = (const unsigned char *)c->RemoteAddr.lpSockaddr;
+        if (a[2] != 0 || a[3] != 0)
+            out->peer = iocp__hash(a, c->RemoteAddr.iSockaddrLength);
+    }
+    return 0;
+}
+
 static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
     sn_afd_counters(((iocp_port_t *)port->impl)->iocp, out);
 }
@@ -444,6 +610,7 @@ const sn_backend_ops_t sn_psn_ops = {
     .close = iocp__close,
     .os_handle = iocp__os_handle,
     .check = iocp__check,
+    .identify = iocp__identify,
 };
 
 const sn_backend_ops_t sn_strict_ops = {
@@ -458,6 +625,7 @@ const sn_backend_ops_t sn_strict_ops = {
     .close = iocp__close,
     .os_handle = iocp__os_handle,
     .check = iocp__check,
+    .identify = iocp__identify,
     .add_counters = iocp__add_afd_counters,
 };
 
@@ -473,6 +641,7 @@ const sn_backend_ops_t sn_afd_ops = {
     .close = iocp__close,
     .os_handle = iocp__os_handle,
     .check = iocp__check,
+    .identify = iocp__identify,
     .add_counters = iocp__add_afd_counters,
 };
 

@@ -8,9 +8,10 @@
  * completion port (one a proactor loop used, or one left tied to a port
  * closed without REMOVEs), transient errors. Such a socket must neither
  * stay deaf nor block a wait. So the port code (sn_iocp.c) applies a batch
- * that brings a socket's FIRST ENABLE (the only kind a provider refuses: a
- * re-enable of a registration the OS holds is a modify) in a call of its
- * own that does not wait, before the call that waits; and an ENABLE
+ * that brings a caller's ENABLE (a socket's first, or a modify of a
+ * registration the OS holds: the text does not say the OS takes every
+ * modify) in a call of its own that does not wait, before the call that
+ * waits; and an ENABLE
  * refused for a handle that is still an open socket is given to the
  * polyfill on the same port, which polls the base socket through its own
  * helper handles and needs no association with the port. From then on

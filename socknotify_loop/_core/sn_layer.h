@@ -37,6 +37,14 @@ typedef struct sn_layer {
     uint32_t *deferred_recnos;
     uint32_t deferred_count;
     uint32_t deferred_cap;
+    /* Changes applied in the order translated, where the kernel call that
+       applies them also waits (sn_run.c, "Two threads"): the threads in
+       sn__run now, whether two ever were at once (then every batch is
+       applied under the lock), and the batches translated before that,
+       to be applied outside the lock, not yet settled. */
+    uint32_t runners;
+    uint32_t unapplied;
+    int ordered;
     /* The count of bound changes the last select carried (sn_port_select_changes). */
     uint32_t last_select_count;
 

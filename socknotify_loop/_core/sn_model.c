@@ -46,6 +46,18 @@
  *      tied to the dead port unless it was REMOVEd first; the next port
  *      is refused (rule 2). Closing the socket unties it.
  *
+ * Modes (SN_MODEL_MODE_*, per port, from SOCKNOTIFY_STRICT_MODES or
+ * sn_model_control SN_MODEL_MODES), each a reading the text allows and the
+ * port must survive: a handle that is no socket fails the whole call
+ * ("can fail ... due to invalid input such as a bad handle"); the wait is
+ * a plain GetQueuedCompletionStatusEx, as the OS's is, so the polyfill's
+ * packets for the sockets the port's fallback serves reach the port
+ * untranslated; a timeout is ERROR_TIMEOUT, as one reference page says;
+ * DISABLE, like ENABLE, wants LEVEL or EDGE; a registration ended by
+ * closesocket() leaves a notification queued under its key ("already-
+ * queued notifications might still be delivered"), seen when the model
+ * meets the closed handle again. "harshest" is all of them.
+ *
  * How. A process-wide table of model registrations (socket -> port serial,
  * first key, filter, trigger, edge state, REMOVEs outstanding), under one
  * lock. Registrations are applied to the polyfill in a register-only call
@@ -85,17 +97,22 @@
 #include "sn_internal.h"
 #include "sn_win.h"
 #include "sn_afd.h"
+#include "sn_testing.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #define MODEL_REFUSED_MAX 64
 #define MODEL_STACK_REGS 64
+/* Waits of a zero-timeout plain wait that dequeued only the model's own
+   packets (the polyfill's AFD_POLL_ONLY_ROUNDS, for the same reason). */
+#define MODEL_POLL_ROUNDS 4
 
 /* The errors the model answers with (see the essay). */
 #define MODEL_ERR_TIED      ERROR_INVALID_PARAMETER
 #define MODEL_ERR_PROVIDER  WSAEOPNOTSUPP
 #define MODEL_ERR_CALL      ERROR_NO_SYSTEM_RESOURCES
+#define MODEL_ERR_ARMED     ERROR_INVALID_PARAMETER
 
 enum { MODEL_LIVE = 1, MODEL_REMOVING = 2 };
 
@@ -103,6 +120,9 @@ typedef struct model_port {
     HANDLE iocp;
     uint32_t serial;          /* a port HANDLE value is reused; this is not */
     uint32_t fail_calls;      /* SN_MODEL_FAIL_CALLS */
+    uint32_t modes;           /* SN_MODEL_MODE_* */
+    uint8_t hold;             /* SN_MODEL_HOLD: the next call with an ENABLE waits */
+    uint8_t holding;          /* ... and such a call is waiting now */
     struct model_port *next;
 } model_port_t;
 
@@ -126,6 +146,8 @@ typedef struct model_reg {
 } model_reg_t;
 
 static SRWLOCK model__lock = SRWLOCK_INIT;
+/* Where a call held by SN_MODEL_HOLD waits for its release. */
+static CONDITION_VARIABLE model__released = CONDITION_VARIABLE_INIT;
 /* socket -> its model_reg_t (the core's one hash table, sn_hash.h). */
 static sn_hash_t model__table;
 static model_port_t *model__ports;
@@ -134,6 +156,17 @@ static uint32_t model__serials;
    value reused by another socket after closesocket() is not refused. */
 static model_reg_t model__refused[MODEL_REFUSED_MAX];
 static uint32_t model__refused_count;
+
+/* The modes a new port starts with: SOCKNOTIFY_STRICT_MODES, a number
+   (C syntax: 0x1f) or "harshest"; none when unset. */
+static uint32_t model__env_modes(void) {
+    const char *text = getenv("SOCKNOTIFY_STRICT_MODES");
+    if (text == NULL || *text == 0)
+        return 0;
+    if (strcmp(text, "harshest") == 0)
+        return SN_MODEL_MODES_HARSHEST;
+    return (uint32_t)strtoul(text, NULL, 0) & SN_MODEL_MODES_HARSHEST;
+}
 
 static model_port_t *model__port(HANDLE iocp, int create) {
     model_port_t *mp;
@@ -146,6 +179,7 @@ static model_port_t *model__port(HANDLE iocp, int create) {
     if (mp == NULL)
         return NULL;
     mp->iocp = iocp;
+    mp->modes = model__env_modes();
     mp->serial = ++model__serials;
     mp->next = model__ports;
     model__ports = mp;
@@ -303,6 +337,19 @@ static DWORD model__check_enable(const SOCK_NOTIFY_REGISTRATION *reg) {
 
 /* Apply one caller registration (model lock held): the model's rules,
    then the polyfill, register-only. */
+/* A registration closesocket() ended (model lock held). In
+   SN_MODEL_MODE_STALE_AFTER_CLOSE an armed one leaves a notification
+   queued under its key, as one queued just before the close would be:
+   the port must not hand it to whoever registers the value next. */
+static void model__closed(HANDLE iocp, model_port_t *mp, model_reg_t *r) {
+    if ((mp->modes & SN_MODEL_MODE_STALE_AFTER_CLOSE) && r->serial == mp->serial &&
+        r->port_alive && r->armed && r->state == MODEL_LIVE)
+        PostQueuedCompletionStatus(iocp, r->filter & (SOCK_NOTIFY_EVENT_IN |
+                                                      SOCK_NOTIFY_EVENT_OUT),
+                                   r->key, NULL);
+    model__drop(r);
+}
+
 static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATION *reg) {
     model_reg_t *r = model__find(reg->socket);
     SOCK_NOTIFY_REGISTRATION poly = *reg;
@@ -311,7 +358,7 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
 
     if (r != NULL && !model__same_socket(r)) {
         /* closesocket() ended that registration; the value was reused. */
-        model__drop(r);
+        model__closed(iocp, mp, r);
         r = NULL;
     }
     switch (reg->operation) {
@@ -362,6 +409,9 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
         } else {
             /* Rule 1: whatever key the caller gives, the first one stays. */
             model_reg_t probe = *r;
+            if ((mp->modes & SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED) && r->armed &&
+                r->state == MODEL_LIVE)
+                return MODEL_ERR_ARMED;
             probe.filter = reg->eventFilter;
             probe.trigger = reg->triggerFlags;
             probe.high = high;
@@ -382,11 +432,15 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
     }
     case SOCK_NOTIFY_OP_DISABLE:
     case SOCK_NOTIFY_OP_REMOVE:
+        if (reg->operation == SOCK_NOTIFY_OP_DISABLE &&
+            (mp->modes & SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER) &&
+            !(reg->triggerFlags & (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE)))
+            return ERROR_INVALID_PARAMETER;
         if (r == NULL || r->serial != mp->serial || !r->port_alive ||
             (r->state == MODEL_REMOVING && reg->operation == SOCK_NOTIFY_OP_REMOVE))
             return ERROR_NOT_FOUND;
         if (!model__is_socket(reg->socket, &type)) {
-            model__drop(r);
+            model__closed(iocp, mp, r);
             return WSAENOTSOCK;
         }
         if (r->armed && r->state == MODEL_LIVE) {
@@ -484,6 +538,43 @@ static ULONG model__filter(model_port_t *mp, OVERLAPPED_ENTRY *entries, ULONG go
     return n;
 }
 
+/* "Nothing arrived in time", in the mode's words. */
+static DWORD model__timeout(const model_port_t *mp, DWORD rc) {
+    if (rc == WAIT_TIMEOUT && (mp->modes & SN_MODEL_MODE_ERROR_TIMEOUT))
+        return ERROR_TIMEOUT;
+    return rc;
+}
+
+/* SN_MODEL_MODE_PLAIN_WAIT: the OS's wait, a GetQueuedCompletionStatusEx,
+   knows nothing of the polyfill. The model's own registrations live in
+   the polyfill, so their packets are translated here; every other packet
+   -- among them the polyfill's packets for the sockets the port's
+   fallback serves -- is handed on as it came, for the port to turn into
+   events (sn_iocp_fallback.c), as it must on Windows. */
+static DWORD model__plain_wait(HANDLE iocp, model_port_t *mp, UINT32 timeoutMs, ULONG count,
+                               OVERLAPPED_ENTRY *entries, UINT32 *got_out, ULONG *raw) {
+    ULONG got = 0, j, n = 0;
+    *raw = 0;
+    if (!GetQueuedCompletionStatusEx(iocp, entries, count, &got, timeoutMs, FALSE)) {
+        DWORD error = GetLastError();
+        return error == WAIT_TIMEOUT ? WAIT_TIMEOUT : error;
+    }
+    AcquireSRWLockExclusive(&model__lock);
+    for (j = 0; j < got; j++) {
+        OVERLAPPED_ENTRY e = entries[j];
+        ULONG_PTR key = sn_afd_entry_key(iocp, &e);
+        if (key != 0 && model__find_key(mp->serial, key) != NULL) {
+            if (sn_afd_translate(iocp, &e, 1) == 0)
+                continue;     /* a poll of the model's with nothing to tell */
+        }
+        entries[n++] = e;
+    }
+    ReleaseSRWLockExclusive(&model__lock);
+    *raw = got;
+    *got_out = (UINT32)n;
+    return ERROR_SUCCESS;
+}
+
 DWORD WINAPI sn_model_process_socket_notifications(
     HANDLE completionPort,
     UINT32 registrationCount,
@@ -495,7 +586,7 @@ DWORD WINAPI sn_model_process_socket_notifications(
     model_port_t *mp;
     int64_t deadline = 0;
     DWORD rc;
-    UINT32 i;
+    UINT32 i, rounds = 0;
 
     if (receivedEntryCount != NULL)
         *receivedEntryCount = 0;
@@ -520,6 +611,31 @@ DWORD WINAPI sn_model_process_socket_notifications(
         ReleaseSRWLockExclusive(&model__lock);
         return MODEL_ERR_CALL;
     }
+    if (mp->hold) {
+        /* SN_MODEL_HOLD: a test's seam between a batch's translation (done)
+           and its application (not yet), where another thread's batch may
+           overtake it. */
+        for (i = 0; i < registrationCount; i++)
+            if (registrationInfos[i].operation == SOCK_NOTIFY_OP_ENABLE)
+                break;
+        if (i < registrationCount) {
+            mp->hold = 0;
+            mp->holding = 1;
+            while (mp->holding)
+                SleepConditionVariableSRW(&model__released, &model__lock, INFINITE, 0);
+        }
+    }
+    if (mp->modes & SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL) {
+        /* "Invalid input such as a bad handle": the whole call. */
+        for (i = 0; i < registrationCount; i++) {
+            int type;
+            if (registrationInfos[i].operation != SOCK_NOTIFY_OP_NONE &&
+                !model__is_socket(registrationInfos[i].socket, &type)) {
+                ReleaseSRWLockExclusive(&model__lock);
+                return WSAENOTSOCK;
+            }
+        }
+    }
     model__edges(completionPort, mp);
     for (i = 0; i < registrationCount; i++)
         registrationInfos[i].registrationResult =
@@ -533,12 +649,17 @@ DWORD WINAPI sn_model_process_socket_notifications(
         deadline = sn_deadline(timeoutMs);
     for (;;) {
         UINT32 got = 0;
-        ULONG n;
-        rc = sn_afd_process_socket_notifications(completionPort, 0, NULL, timeoutMs,
-                                                 completionCount, completionPortEntries,
-                                                 &got);
+        ULONG n, raw = 0;
+        if (mp->modes & SN_MODEL_MODE_PLAIN_WAIT) {
+            rc = model__plain_wait(completionPort, mp, timeoutMs, completionCount,
+                                   completionPortEntries, &got, &raw);
+        } else {
+            rc = sn_afd_process_socket_notifications(completionPort, 0, NULL, timeoutMs,
+                                                     completionCount,
+                                                     completionPortEntries, &got);
+        }
         if (rc != ERROR_SUCCESS)
-            return rc;
+            return model__timeout(mp, rc);
         AcquireSRWLockExclusive(&model__lock);
         n = model__filter(mp, completionPortEntries, got);
         ReleaseSRWLockExclusive(&model__lock);
@@ -546,13 +667,20 @@ DWORD WINAPI sn_model_process_socket_notifications(
             *receivedEntryCount = (UINT32)n;
             return ERROR_SUCCESS;
         }
-        /* Only edges already high: wait again for the time that is left. */
-        if (timeoutMs == 0)
-            return WAIT_TIMEOUT;
+        /* Only edges already high, or the model's own poll packets: wait
+           again for the time that is left. A poll finishes the model's own
+           work at hand first, as the polyfill's wait does: a modify is a
+           cancelled poll and its replacement in the polyfill, where the OS
+           would report the new filter's readiness in this very call. */
+        if (timeoutMs == 0) {
+            if (raw != 0 && ++rounds < MODEL_POLL_ROUNDS)
+                continue;
+            return model__timeout(mp, WAIT_TIMEOUT);
+        }
         if (timeoutMs != INFINITE) {
             int64_t left = sn_time_left(deadline);
             if (left == 0)
-                return WAIT_TIMEOUT;
+                return model__timeout(mp, WAIT_TIMEOUT);
             timeoutMs = (UINT32)left;
         }
     }
@@ -619,6 +747,43 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
             answer = r->state == MODEL_REMOVING ? SN_MODEL_TIED_REMOVING : SN_MODEL_TIED_HERE;
         else
             answer = SN_MODEL_TIED_ELSEWHERE;
+        break;
+    case SN_MODEL_MODES:
+        mp = model__port(iocp, 1);
+        if (mp == NULL || value < 0 || (value & ~(int64_t)SN_MODEL_MODES_HARSHEST))
+            answer = -(int64_t)ERROR_INVALID_PARAMETER;
+        else {
+            answer = mp->modes;
+            mp->modes = (uint32_t)value;
+        }
+        break;
+    case SN_MODEL_HOLD:
+        mp = model__port(iocp, 1);
+        if (mp == NULL || value < 0 || value > 2) {
+            answer = -(int64_t)ERROR_INVALID_PARAMETER;
+        } else if (value == 2) {
+            answer = mp->holding;
+        } else {
+            answer = mp->holding;
+            mp->hold = (uint8_t)value;
+            if (value == 0) {
+                mp->holding = 0;
+                WakeAllConditionVariable(&model__released);
+            }
+        }
+        break;
+    case SN_MODEL_QUEUE:
+        /* A notification queued now under the socket's key, as the OS
+           queues one for a ready socket: whatever the port applies next
+           (a DISABLE, a REMOVE) comes after it ("notifications that have
+           already been queued might still be delivered"). */
+        r = model__find((SOCKET)socket);
+        mp = model__port(iocp, 0);
+        if (r == NULL || !model__same_socket(r) || mp == NULL || r->serial != mp->serial ||
+            value <= 0 || value > 0xff)
+            answer = -(int64_t)ERROR_NOT_FOUND;
+        else if (!PostQueuedCompletionStatus(iocp, (DWORD)value, r->key, NULL))
+            answer = -(int64_t)GetLastError();
         break;
     case SN_MODEL_KEY:
         r = model__find((SOCKET)socket);

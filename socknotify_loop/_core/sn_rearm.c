@@ -69,23 +69,31 @@ int sn__deferred_push(sn_layer_t *port, uint32_t recno) {
 }
 
 /* The ENABLEs that waited for their socket's REMOVE event (sn__rebirth),
-   under the record's new kernel key. Written into kregs (lock held);
-   returns how many. */
+   under the record's new kernel key, at most `limit` of them: each may
+   fail and take an entry of the call's answer, so a call carries no more
+   than its answer has room for, and the rest wait, in order, for the next
+   call. Written into kregs (lock held); returns how many. */
 uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs,
-                              sn_memo_t *memos) {
-    uint32_t i, n = 0;
+                              sn_memo_t *memos, uint32_t limit) {
+    uint32_t i, n = 0, kept = 0;
     for (i = 0; i < port->deferred_count; i++) {
         uint32_t recno = port->deferred_recnos[i];
         sn_record_t *record = &port->records[recno];
         if (!(SN_REC_BIT(record->state) &
               (SN_REC_BIT(SN_REC_ENABLED) | SN_REC_BIT(SN_REC_FIRED))) || record->in_kernel)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
-        /* A fresh registration under the new key. */
+        if (n == limit) {
+            port->deferred_recnos[kept++] = recno;
+            continue;
+        }
+        /* A fresh registration under the new key, perhaps of another
+           socket than the record's last one (a value reused). */
+        sn__socket_identify(port, record);
         sn__own_enable(record, recno, (uint8_t)(record->trigger | SN_TRIGGER_ADD),
                        SN_MEMO_DEFERRED, &kregs[n], &memos[n]);
         n++;
     }
-    port->deferred_count = 0;
+    port->deferred_count = kept;
     return n;
 }
 

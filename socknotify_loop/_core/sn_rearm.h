@@ -33,6 +33,41 @@ SN_INLINE int sn__rearm_push(sn_layer_t *port, uint32_t recno) {
    the next call. Returns 0, the list unchanged, if there is no memory. */
 int sn__deferred_push(sn_layer_t *port, uint32_t recno);
 
+/* Whether the socket under a record's handle value is no longer the one
+   its registration was made for: closed without a REMOVE (closesocket()
+   deregisters silently) and the value handed to a new socket. Where the
+   kernel can tell (epoll: the backend has no identify op), it refuses the
+   renewal itself. ProcessSocketNotifications cannot: its ENABLE "overwrites
+   the existing registration" or makes one, so renewing a dead socket's
+   registration would tie a stranger's socket to this port, its readiness
+   reported under the dead socket's key and its owner's own port refused
+   ("one socket, one port"). So a renewal (a re-arm, a caller's modify)
+   first reads what the socket is and compares it with what it was
+   (sn__identity_differs); the same socket has what is known of it
+   updated. A value that is no socket at all is left to the kernel, which
+   fails it. Lock held. */
+SN_INLINE int sn__socket_replaced(sn_layer_t *port, sn_record_t *record) {
+    sn_identity_t now;
+    if (port->base.ops->identify == NULL ||
+        port->base.ops->identify(&port->base, record->socket, &now) != 0)
+        return 0;
+    if (sn__identity_differs(&record->ident, &now))
+        return 1;
+    sn__rec_identify(record, &now, 1);
+    return 0;
+}
+
+/* What the socket is, read as its registration is made (an ENABLE that
+   adds one): the reference for sn__socket_replaced. Lock held. */
+SN_INLINE void sn__socket_identify(sn_layer_t *port, sn_record_t *record) {
+    sn_identity_t now;
+    if (port->base.ops->identify == NULL)
+        return;
+    if (port->base.ops->identify(&port->base, record->socket, &now) != 0)
+        memset(&now, 0, sizeof now);
+    sn__rec_identify(record, &now, 0);
+}
+
 /* One ENABLE of the port's own for record `recno`, under its current
    kernel key and with its last filter, written into *kreg and *memo: what
    a re-arm and a deferred ENABLE have in common (`trigger` and `kind` say
@@ -65,6 +100,10 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_layer_t *port, sn_registration_t *kregs
         if (record->state != SN_REC_FIRED)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
         sn__rec_rearm(record);
+        /* Closed, its handle value another socket's: no re-arm, as epoll's
+           MOD fails (see below). */
+        if (record->in_kernel && sn__socket_replaced(port, record))
+            continue;
         /* A re-arm renews what the kernel has: if the descriptor was
            closed meanwhile, it must fail, not arm whatever file took the
            number. The failure reaches nobody at once (sn__settle keeps
@@ -82,8 +121,10 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_layer_t *port, sn_registration_t *kregs
 }
 
 
-/* The deferred ENABLEs, written into kregs/memos; returns how many. */
-uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs, sn_memo_t *memos);
+/* The deferred ENABLEs, at most `limit` (the rest stay queued), written
+   into kregs/memos; returns how many. */
+uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs, sn_memo_t *memos,
+                              uint32_t limit);
 
 /* A deferred ENABLE that failed (memo kind SN_MEMO_DEFERRED_FAILED, its
    kreg holding the owner's key and filter): its owner, told it

@@ -34,12 +34,18 @@
  *              succeeded and no DISABLE has taken the item away since): the
  *              next ENABLE modifies that item, and must fail if the kernel
  *              lost it (the descriptor was closed), or adds one;
- *   quiet      how a removal ends: its REMOVE event is not reported.
+ *   quiet      how a removal ends: its REMOVE event is not reported;
+ *   ident      what the socket was when its registration was made (the
+ *              backends whose kernel cannot refuse to renew a registration
+ *              for a socket that took a closed one's handle value: see
+ *              sn_rearm.h, sn__socket_replaced).
  */
 #ifndef SN_RECORD_H
 #define SN_RECORD_H
 
 #include "sn_layer.h"
+
+#include <string.h>
 
 /* The states of a record. The first three are "live": the registration is
    the caller's, and changes to it are accepted. */
@@ -96,6 +102,8 @@ typedef struct sn_record {
     uint8_t  next_trigger;  /* REKEYING: the ENABLE that waits */
     uint16_t next_events;
     uint64_t next_key;
+    sn_identity_t ident;  /* what the socket was when armed (the backends
+                             with an identify op: sn_translate.c) */
 } sn_record_t;
 
 /* Readers of the state, for the decisions outside this file. */
@@ -140,6 +148,7 @@ SN_INLINE void sn__rec_open(sn_record_t *r, uint64_t socket, uint64_t user_key) 
     r->state = SN_REC_ENABLED;
     r->in_kernel = 0;
     r->quiet = 0;
+    memset(&r->ident, 0, sizeof r->ident);
 }
 
 /* live -> ENABLED: the caller's ENABLE accepted, with its filter. Returns
@@ -252,6 +261,40 @@ SN_INLINE void sn__rec_held(sn_record_t *r, int held) {
     r->in_kernel = (uint8_t)(held != 0);
 }
 
+/* Whether `now` is another socket than the one `was` describes: a fact
+   known in both that differs, or a bound socket that is bound no more (a
+   socket never unbinds). A peer counts for stream sockets only (a
+   datagram socket may connect elsewhere), and only where both know it (a
+   reset connection may forget its peer). The local address is left out:
+   a wildcard bind reads as the interface chosen once connected. */
+SN_INLINE int sn__identity_differs(const sn_identity_t *was, const sn_identity_t *now) {
+    if (was->kind != 0 && now->kind != 0 && was->kind != now->kind)
+        return 1;
+    if (was->local_port != 0 && was->local_port != now->local_port)
+        return 1;
+    return was->peer != 0 && now->peer != 0 && was->peer != now->peer;
+}
+
+/* The fact "what the socket is" (not a state), read when an ENABLE that
+   adds a registration is prepared (`merge` 0: replaced), and again at
+   each renewal that found the same socket (`merge` 1: what is known now
+   added to what was, so a socket that connected since is told by its
+   peer from then on). Any used record. */
+SN_INLINE void sn__rec_identify(sn_record_t *r, const sn_identity_t *now, int merge) {
+    if (!SN_REC_EXPECT(r, SN_REC_ANY_USED, "identify"))
+        return;
+    if (!merge) {
+        r->ident = *now;
+        return;
+    }
+    if (now->kind != 0)
+        r->ident.kind = now->kind;
+    if (now->local_port != 0)
+        r->ident.local_port = now->local_port;
+    if (now->peer != 0)
+        r->ident.peer = now->peer;
+}
+
 /* used -> FREE: the record number is freed (the caller updates the table),
    and the generation moves on, so every kernel key the record issued is
    stale from now on. */
@@ -278,6 +321,9 @@ SN_INLINE void sn__rec_reborn(sn_record_t *r) {
     r->trigger = r->next_trigger;
     r->in_kernel = 0;
     r->quiet = 0;
+    /* Perhaps another socket (a value reused after closesocket()): read
+       again when its ENABLE is prepared. */
+    memset(&r->ident, 0, sizeof r->ident);
 }
 
 #endif /* SN_RECORD_H */

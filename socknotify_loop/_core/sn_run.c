@@ -37,6 +37,23 @@
  * up, so that a wait never ends before its time (a loop woken before its timer
  * is due would spin: asyncio and the stdlib selectors round up too).
  *
+ * Two threads. Where the backend applies changes in the call that waits
+ * (the completion-port backends: ProcessSocketNotifications applies, then
+ * dequeues), a batch is translated under the lock and applied outside it.
+ * Another thread's batch, translated later, could then reach the kernel
+ * first: a REMOVE of a registration whose ENABLE is still on its way fails
+ * (nothing is registered yet) and retires the record, and the ENABLE then
+ * ties the socket under a retired key that nothing reports and close()
+ * does not remove. So batches are applied in the order they were
+ * translated. A thread alone in the port keeps the one call that applies
+ * and waits; once two threads are in sn__run at once, the port is
+ * "ordered" for good: every batch is applied and settled under the lock,
+ * in a call of its own that does not wait (as epoll's are), and the wait
+ * follows, without changes. The batch a thread translated alone just
+ * before that may still be on its way: a thread that finds one waits for
+ * it to be settled before it translates, waking the port meanwhile so
+ * that a wait that carries it returns (sn__order_enter).
+ *
  * Locking: one mutex guards the table. It is held while registrations are
  * translated and while dequeued events are translated, never across the
  * kernel wait, so several threads can block in sn_port_process() at once.
@@ -55,6 +72,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether the sink has room for one more entry: a notification, or a
+   (key, mask) pair in front of the I/O keys stored from the back. sn__run
+   never asks the backend for more events than the room left, so this
+   holds; it is checked at every write all the same, since a write past
+   the caller's buffer corrupts its memory. */
+static int sn__sink_room(const sn_sink_t *sink, int pair) {
+    if (sink->notes != NULL)
+        return sink->n < sink->cap;
+    return 2 * sink->n + sink->io + (pair ? 2u : 1u) <= sink->cap;
+}
+
 /* Turn kernel events into the sink's form (lock held). Returns how many
    were reported or, for select(), made the call return (a wake-up). */
 static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
@@ -67,10 +95,14 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
         if (ev->posted) {
             /* A posted packet (events 0) or an I/O completion (SN_EVENT_IO). */
             if (sink->notes != NULL) {
+                if (!sn__sink_room(sink, 0))
+                    continue;
                 sink->notes[sink->n].key = ev->key;
                 sink->notes[sink->n].events = ev->events;
                 sink->n++;
             } else if (ev->events & SN_EVENT_IO) {
+                if (!sn__sink_room(sink, 0))
+                    continue;
                 sink->io++;
                 sink->out[sink->cap - sink->io] = ev->key;
             } else {
@@ -96,7 +128,7 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
                a registration the port never removed) and is dropped. */
             if (!sn__rec_removing(record))
                 continue;
-            if (sink->notes != NULL && !record->quiet) {
+            if (sink->notes != NULL && !record->quiet && sn__sink_room(sink, 0)) {
                 sink->notes[sink->n].key = record->user_key;
                 sink->notes[sink->n].events = SN_EVENT_REMOVE;
                 sink->n++;
@@ -109,8 +141,13 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
         }
         /* Queued before a DISABLE or REMOVE ("might still be delivered"),
            or dequeued by another thread's wait before it: the caller asked
-           for nothing more. */
-        if (record->state >= SN_REC_DISABLED)
+           for nothing more. And a one-shot registration delivered already
+           (FIRED): the kernel disarmed it, so a second notification under
+           its key was queued before that delivery -- for instance before
+           the DISABLE with which the port re-enables an armed
+           registration (sn_iocp.c) -- and reporting it would report the
+           one readiness twice. */
+        if (record->state >= SN_REC_DISABLED || record->state == SN_REC_FIRED)
             continue;
         /* A one-shot delivery disarmed the registration in the kernel,
            whatever we make of it: note it for the next re-arm even if
@@ -121,14 +158,14 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
             sn__rec_fire(record);
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
-            if (wanted == 0)
+            if (wanted == 0 || !sn__sink_room(sink, 0))
                 continue;
             sink->notes[sink->n].key = record->user_key;
             sink->notes[sink->n].events = wanted;
             sink->n++;
         } else {
             uint64_t mask = sn__select_mask(record->events, ev->events);
-            if (mask == 0)
+            if (mask == 0 || !sn__sink_room(sink, 1))
                 continue;
             sink->out[2 * sink->n] = record->user_key;
             sink->out[2 * sink->n + 1] = mask;
@@ -233,11 +270,14 @@ static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registrat
 /* A call's first half, under the table lock: the caller's changes, then
    the port's own re-arms and deferred ENABLEs, translated into the
    scratch; applied and settled at once where the backend does so. Sets
-   *total to what the wait still has to apply and *refused to how many of
-   the caller's ENABLEs failed already. */
+   *total to what the wait still has to apply, *refused to how many of
+   the caller's ENABLEs failed already and *ndeferred to how many deferred
+   ENABLEs the batch carries: at most `room`, since each may fail and take
+   an entry of the call's answer (the rest wait for the next call). */
 static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                            uint32_t count, sn_scratch_t *s, sn_kevent_t *events,
-                           uint32_t *total, uint32_t *refused) {
+                           uint32_t room, uint32_t *total, uint32_t *refused,
+                           uint32_t *ndeferred) {
     uint32_t internal = 0;
     if (flags & SN_PROCESS_REARM)
         port->rearm_mode = 1;
@@ -249,9 +289,12 @@ static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *
     *refused = count != 0 ? sn__prepare(port, flags, regs, s->kregs, s->memos, count) : 0;
     if ((flags & SN_PROCESS_REARM) && port->rearm_count != 0)
         internal = sn__prepare_rearms(port, s->kregs + count, s->memos + count);
-    if (port->deferred_count != 0)
-        internal += sn__prepare_deferred(port, s->kregs + count + internal,
-                                         s->memos + count + internal);
+    *ndeferred = 0;
+    if (port->deferred_count != 0) {
+        *ndeferred = sn__prepare_deferred(port, s->kregs + count + internal,
+                                          s->memos + count + internal, room);
+        internal += *ndeferred;
+    }
     *total = count + internal;
     if (*total != 0 && (port->base.ops->caps & SN_CAP_CHANGES_AT_ONCE)) {
         *refused += sn__apply_at_once(port, flags, regs, s->kregs, s->memos, count, *total,
@@ -259,6 +302,118 @@ static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *
         *total = 0;
     }
     return 0;
+}
+
+/* The room left in a call's answer, in entries: `max_events` of them, of
+   which those written since `base` are taken. */
+static uint32_t sn__room_left(const sn_sink_t *sink, uint32_t max_events, uint32_t base) {
+    uint32_t used = sink->n + sink->io - base;
+    return max_events > used ? max_events - used : 0;
+}
+
+/* Enter the ordering of "Two threads" (top of this file); lock held, and
+   held again on return. Returns 1 if this call counts as a runner (to be
+   left by sn__order_leave). */
+static int sn__order_enter(sn_layer_t *port) {
+    unsigned spins = 0;
+    if (port->base.ops->caps & SN_CAP_CHANGES_AT_ONCE)
+        return 0;   /* applied under the lock always */
+    if (++port->runners > 1)
+        port->ordered = 1;
+    while (port->ordered && port->unapplied != 0) {
+        /* A batch translated before the port was ordered is on its way;
+           its wait may be long, so wake it now and then (the wake is
+           dropped by whichever wait takes it, which waits again). */
+        sn_mutex_unlock(&port->lock);
+        if (spins++ % 8 == 0)
+            port->base.ops->wake_all(&port->base);
+        sn_sleep_ms(1);
+        sn_mutex_lock(&port->lock);
+    }
+    return 1;
+}
+
+static void sn__order_leave(sn_layer_t *port, int runner, int unapplied) {
+    if (!runner && !unapplied)
+        return;
+    sn_mutex_lock(&port->lock);
+    port->runners -= (uint32_t)(runner != 0);
+    port->unapplied -= (uint32_t)(unapplied != 0);
+    sn_mutex_unlock(&port->lock);
+}
+
+/* Apply a batch at once, under the lock, in a call that does not wait
+   (an ordered port: "Two threads" above), settle it, report its deferred
+   ENABLEs that failed; then the same for the deferred ENABLEs it freed (a
+   re-key whose REMOVE failed), so that none of them sits out the wait.
+   Returns how many of the caller's ENABLEs failed. */
+static uint32_t sn__apply_ordered(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
+                                  sn_scratch_t *s, sn_kevent_t *events, uint32_t callers,
+                                  uint32_t total, uint32_t max_events, uint32_t base,
+                                  sn_sink_t *sink) {
+    uint32_t refused = 0, round, room;
+    for (round = 0; round < 2 && total != 0; round++) {
+        uint32_t got = 0, dropped = 0, i;
+        int call_error = port->base.ops->process(&port->base, s->kregs, total, 0, events, 0,
+                                                 &got, &dropped);
+        sn__settle(port, flags, regs, s->kregs, s->memos, callers, total, call_error);
+        sn__report_deferred_failures(s->kregs, s->memos, callers, total, sink);
+        for (i = 0; i < callers; i++)
+            refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+        callers = 0;
+        total = 0;
+        if (port->deferred_count != 0 && max_events != 0) {
+            (void)sn__scratch_fit(port, s, port->deferred_count);
+            room = sn__room_left(sink, max_events, base);
+            total = sn__prepare_deferred(port, s->kregs, s->memos,
+                                         room < s->cap ? room : s->cap);
+        }
+    }
+    return refused;
+}
+
+/* Whether a caller's change in the batch is a REMOVE that holds an ENABLE
+   back until its REMOVE event (a re-key: sn_translate.c). */
+static int sn__holds_enable_back(const sn_memo_t *memos, uint32_t callers) {
+    uint32_t i;
+    for (i = 0; i < callers; i++)
+        if (!memos[i].skip && memos[i].waits == SN_WAITS_REKEY)
+            return 1;
+    return 0;
+}
+
+/* A re-key (or a handle value reused after closesocket()) is a quiet
+   REMOVE whose ENABLE waits for its REMOVE event, or goes at once if the
+   REMOVE fails because the socket was closed. Only the call's end tells
+   which, and a call that waits ends when something arrives: the ENABLE
+   could sit out the whole wait on a readable socket, its owner told the
+   change succeeded. So such a batch is applied here, without waiting and
+   without the lock (as the wait would apply it), settled, and the ENABLE
+   it frees is prepared to ride in the wait. Returns the call's error;
+   sets *total and *ndeferred to the batch the wait applies, and turns the wait
+   into a poll when an ENABLE its owner thought applied failed. */
+static int sn__apply_before_wait(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
+                                 sn_scratch_t *s, sn_kevent_t *events, uint32_t callers,
+                                 uint32_t max_events, uint32_t base, sn_sink_t *sink,
+                                 uint32_t *total, uint32_t *ndeferred, int64_t *timeout_ms) {
+    uint32_t got = 0, dropped = 0, before, room;
+    int err = port->base.ops->process(&port->base, s->kregs, *total, 0, events, 0,
+                                      &got, &dropped);
+    sn_mutex_lock(&port->lock);
+    before = sink->n;
+    sn__settle(port, flags, regs, s->kregs, s->memos, callers, *total, err);
+    sn__report_deferred_failures(s->kregs, s->memos, callers, *total, sink);
+    if (sink->n != before)
+        *timeout_ms = 0;
+    *total = *ndeferred = 0;
+    if (err == 0) {
+        (void)sn__scratch_fit(port, s, port->deferred_count);
+        room = sn__room_left(sink, max_events, base);
+        *total = *ndeferred = sn__prepare_deferred(port, s->kregs, s->memos,
+                                                   room < s->cap ? room : s->cap);
+    }
+    sn_mutex_unlock(&port->lock);
+    return err;
 }
 
 /* Whether a call waits again after a wait that returned: the one rule of
@@ -300,8 +455,13 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
     sn_kevent_t stack_events[SN_STACK_EVENTS];
     sn_kevent_t *events = stack_events;
     uint32_t total = 0, refused = 0, callers = count, rounds = 0;
+    /* The deferred ENABLEs in the batch at hand: each may fail, and its
+       failure takes an entry of the answer, so the wait is asked for that
+       many events fewer (the answer's room: max_events entries, of which
+       those written since `base` are taken). */
+    uint32_t ndeferred = 0, base = sink->n + sink->io;
     int64_t deadline = 0;
-    int err;
+    int err, runner, unapplied = 0;
 
     /* The select path is the only caller with its own events buffer. */
     sn__scratch_init(&scratch, given_events != NULL);
@@ -316,19 +476,51 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         deadline = sn_deadline(timeout_ms);
 
     sn_mutex_lock(&port->lock);
-    err = sn__run_prepare(port, flags, regs, count, &scratch, events, &total, &refused);
+    runner = sn__order_enter(port);
+    err = sn__run_prepare(port, flags, regs, count, &scratch, events, max_events, &total,
+                          &refused, &ndeferred);
+    if (err == 0 && total != 0 && runner) {
+        if (port->ordered) {
+            refused += sn__apply_ordered(port, flags, regs, &scratch, events, callers, total,
+                                         max_events, base, sink);
+            total = ndeferred = 0;
+            callers = 0;
+            if (sink->n + sink->io != base)
+                timeout_ms = 0;   /* a deferred ENABLE failed: news for its owner */
+        } else {
+            port->unapplied++;    /* on its way, outside the lock */
+            unapplied = 1;
+        }
+    }
     sn_mutex_unlock(&port->lock);
     if (err != 0 || (max_events == 0 && total == 0))
         goto out;        /* no memory, or registrations only, applied */
     /* A change refused here is news for the caller: do not sit on it. */
     if (refused != 0)
         timeout_ms = 0;
+    if (total != 0 && timeout_ms != 0 && max_events != 0 &&
+        sn__holds_enable_back(scratch.memos, callers)) {
+        err = sn__apply_before_wait(port, flags, regs, &scratch, events, callers, max_events,
+                                    base, sink, &total, &ndeferred, &timeout_ms);
+        callers = 0;
+        sn__order_leave(port, 0, unapplied);   /* settled */
+        unapplied = 0;
+        if (err != 0)
+            goto out;
+    }
 
     for (;;) {
-        uint32_t got = 0, dropped = 0, reported = 0;
+        uint32_t got = 0, dropped = 0, reported = 0, room, wait_max;
         int deferred = 0;
-        err = port->base.ops->process(&port->base, scratch.kregs, total, timeout_ms,
-                                 events, max_events, &got, &dropped);
+        /* Room for the events of this wait: the answer's, less what is
+           written already and one entry per deferred ENABLE in the batch.
+           None left (a caller with room for one, and a deferred ENABLE):
+           the batch is applied without waiting, then the wait follows. */
+        room = sn__room_left(sink, max_events, base);
+        wait_max = room > ndeferred ? room - ndeferred : 0;
+        err = port->base.ops->process(&port->base, scratch.kregs, total,
+                                      wait_max != 0 ? timeout_ms : 0, events, wait_max,
+                                      &got, &dropped);
         if (total != 0 || got != 0) {
             sn_mutex_lock(&port->lock);
             if (total != 0) {
@@ -338,23 +530,51 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 reported += sink->n - before;
                 total = 0;   /* registrations are applied once, by the first call */
                 callers = 0;
+                port->unapplied -= (uint32_t)unapplied;   /* settled */
+                unapplied = 0;
             }
             reported += sn__deliver(port, events, got, sink);
             deferred = port->deferred_count != 0;
             sn_mutex_unlock(&port->lock);
         }
-        if (!sn__wait_again(port, err, reported, got, dropped, deferred, &rounds,
-                            deadline, &timeout_ms))
+        if (max_events == 0)
+            break;    /* registrations only: deferred ENABLEs wait for a call with room */
+        if (wait_max == 0) {
+            /* Only applied, to keep room for its failures: now the wait. */
+            if (err != 0 || reported != 0 || sn_atomic_load(&port->base.closing))
+                break;
+        } else if (!sn__wait_again(port, err, reported, got, dropped, deferred, &rounds,
+                                   deadline, &timeout_ms)) {
             break;
+        }
         /* Everything dequeued was dropped: wait again for what is left,
            with the ENABLEs that waited for a REMOVE event just dequeued
-           (left on their list for the next call if there is no room). */
+           (as many as the scratch and the answer have room for; the rest
+           stay on their list for the next call). */
         sn_mutex_lock(&port->lock);
-        if (sn__scratch_fit(port, &scratch, port->deferred_count) == 0)
-            total = sn__prepare_deferred(port, scratch.kregs, scratch.memos);
+        (void)sn__scratch_fit(port, &scratch, port->deferred_count);
+        room = sn__room_left(sink, max_events, base);
+        total = ndeferred = sn__prepare_deferred(port, scratch.kregs, scratch.memos,
+                                                 room < scratch.cap ? room : scratch.cap);
+        if (total != 0 && runner) {
+            if (port->ordered) {
+                uint32_t before = sink->n + sink->io;
+                (void)sn__apply_ordered(port, flags, regs, &scratch, events, 0, total,
+                                        max_events, base, sink);
+                total = ndeferred = 0;
+                if (sink->n + sink->io != before) {
+                    sn_mutex_unlock(&port->lock);
+                    break;    /* a deferred ENABLE failed: reported */
+                }
+            } else {
+                port->unapplied++;
+                unapplied = 1;
+            }
+        }
         sn_mutex_unlock(&port->lock);
     }
 out:
+    sn__order_leave(port, runner, unapplied);
     sn__scratch_release(&scratch);
     if (events != stack_events && events != given_events)
         free(events);

@@ -147,6 +147,16 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 p->fresh = 1;
             }
             record = &port->records[recno];
+            if (!record->in_kernel) {
+                sn__socket_identify(port, record);
+            } else if (sn__socket_replaced(port, record)) {
+                /* A modify of a registration whose socket was closed and
+                   its handle value taken by another: refused, as epoll
+                   refuses a MOD of a closed descriptor's number (ENOENT),
+                   rather than tying the newcomer to this port. */
+                err = SN_ERROR_NOT_REGISTERED;
+                break;
+            }
             kreg->trigger |= record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : SN_TRIGGER_ADD;
             p->before = sn__rec_enable(record, reg->events, reg->trigger);
             break;
@@ -178,6 +188,10 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 /* Nothing is reported from now on, even what the kernel
                    had queued before ("might still be delivered"). */
                 p->before = sn__rec_disable(record);
+                /* With the trigger of the ENABLE it ends, whatever the
+                   caller gave: the reference page's "one of LEVEL or EDGE
+                   must be supplied" may hold for DISABLE too. */
+                kreg->trigger = record->trigger;
             }
             break;
         case SN_OP_NONE:

@@ -280,22 +280,6 @@ int sn_port_close(sn_port_t *port);
    thread can call in any more (the owner of the last reference). */
 void sn_port_free(sn_port_t *port);
 
-/* The strict model's controls, for tests (sn_model_control; the port
-   must be a "strict" one, else -sn_error_not_supported()). */
-#define SN_MODEL_REFUSE      1  /* value 1: refuse ENABLEs of `socket` as for a layered
-                                   provider (WSAEOPNOTSUPP); 0: accept it again */
-#define SN_MODEL_FAIL_CALLS  2  /* the port's next `value` calls fail whole, applying nothing */
-#define SN_MODEL_TIED        3  /* which port `socket` is tied to: SN_MODEL_UNTIED,
-                                   _TIED_HERE, _TIED_REMOVING (REMOVE applied, its event
-                                   not yet dequeued), _TIED_ELSEWHERE */
-#define SN_MODEL_KEY         4  /* the completion key the model delivers for `socket` */
-#define SN_MODEL_UNTIED          0
-#define SN_MODEL_TIED_HERE       1
-#define SN_MODEL_TIED_REMOVING   2
-#define SN_MODEL_TIED_ELSEWHERE  3
-/* Returns the answer (>= 0) or minus an error code. */
-int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value);
-
 /* The bare function of a Windows backend, for the OS probe
    (python -m socknotify_loop --probe-os): no table, no keys of ours, the
    caller's keys go to the function as they are. sn_raw_open() makes a

@@ -65,11 +65,16 @@ echo "built $out/test_afd_polyfill.exe"
     -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc \
     -o "$out/test_win_internals.exe" -lws2_32 -lntdll
 echo "built $out/test_win_internals.exe"
+# The port code on the strict model, driven call by call.
+"$cc" $flags -I"$core" "$here/test_win_port.c" "$out"/*.o \
+    -o "$out/test_win_port.exe" -lws2_32 -lntdll
+echo "built $out/test_win_port.exe"
 [ -z "${NO_RUN:-}" ] || exit 0
 
 if [ -n "$native" ]; then
     "$out/test_afd_polyfill.exe" </dev/null
     "$out/test_win_internals.exe" </dev/null
+    "$out/test_win_port.exe" </dev/null
     exit 0
 fi
 export WINEPREFIX=${WINEPREFIX:-$root/.wine-cache/prefix-ctest}
@@ -86,3 +91,4 @@ trap '"$server" -k 2>/dev/null; "$server" -w 2>/dev/null' EXIT
 # Each program takes seconds; the bound turns a hang into a named failure.
 timeout 300 "$wine" "$out/test_afd_polyfill.exe" </dev/null
 timeout 300 "$wine" "$out/test_win_internals.exe" </dev/null
+timeout 300 "$wine" "$out/test_win_port.exe" </dev/null

@@ -66,6 +66,10 @@ static void t_wait(sn_record_t *r) { sn__rec_wait(r, 72, SN_EVENT_IN, SN_TRIGGER
 static void t_take_back(sn_record_t *r) { sn__rec_take_back(r); }
 static void t_restore(sn_record_t *r) { sn__rec_restore(r, SN_REC_DISABLED); }
 static void t_held(sn_record_t *r) { sn__rec_held(r, 1); }
+static void t_identify(sn_record_t *r) {
+    sn_identity_t now = {0x1234u, 4321u, 0x8001u};
+    sn__rec_identify(r, &now, 1);
+}
 static void t_free(sn_record_t *r) { sn__rec_free(r); }
 static void t_reborn(sn_record_t *r) { sn__rec_reborn(r); }
 
@@ -82,6 +86,7 @@ static const transition_t table[] = {
     {"take_back", t_take_back, {NO,  NO,   NO,   NO,   NO,   RM}},
     {"restore",   t_restore,   {NO,  D,    D,    D,    D,    D}},
     {"held",      t_held,      {NO,  SAME, SAME, SAME, SAME, SAME}},
+    {"identify",  t_identify,  {NO,  SAME, SAME, SAME, SAME, SAME}},
     {"retire",    t_free,      {NO,  F,    F,    F,    F,    F}},
     {"reborn",    t_reborn,    {NO,  NO,   NO,   NO,   NO,   E}},
 };
@@ -148,6 +153,46 @@ static void test_table(void) {
 }
 
 /* What each transition does to the fields beside the state. */
+/* What the socket is (sn__rec_identify, sn__identity_differs): what a
+   socket learns (bound, connected) keeps it the same socket; what it
+   cannot lose (its port) or change (its type, a stream's peer) makes it
+   another one. */
+static void test_identity(void) {
+    sn_record_t r;
+    sn_identity_t unbound = {0, 0, 0x8001u}, bound = {0, 5000, 0x8001u};
+    sn_identity_t connected = {0xabcdu, 5000, 0x8001u}, reset = {0, 5000, 0x8001u};
+    sn_identity_t other_peer = {0xbcdeu, 5000, 0x8001u}, other_port = {0xabcdu, 6000, 0x8001u};
+    sn_identity_t datagram = {0, 0, 0x8002u};
+
+    record_in(&r, SN_REC_ENABLED);
+    sn__rec_identify(&r, &unbound, 0);
+    CHECK(!sn__identity_differs(&r.ident, &bound));
+    sn__rec_identify(&r, &bound, 1);
+    CHECK(!sn__identity_differs(&r.ident, &connected));
+    sn__rec_identify(&r, &connected, 1);
+    CHECK(r.ident.peer == 0xabcdu && r.ident.local_port == 5000);
+    /* A reset connection may read as not connected: the peer is kept. */
+    CHECK(!sn__identity_differs(&r.ident, &reset));
+    sn__rec_identify(&r, &reset, 1);
+    CHECK(r.ident.peer == 0xabcdu);
+    CHECK(sn__identity_differs(&r.ident, &other_peer));
+    CHECK(sn__identity_differs(&r.ident, &other_port));
+    CHECK(sn__identity_differs(&r.ident, &unbound));    /* a socket never unbinds */
+    CHECK(sn__identity_differs(&r.ident, &datagram));
+    /* Replaced (a new registration): what was known goes. */
+    sn__rec_identify(&r, &datagram, 0);
+    CHECK(r.ident.peer == 0 && r.ident.local_port == 0 && r.ident.kind == 0x8002u);
+    /* A new record, and a reborn one, know nothing yet. */
+    record_in(&r, SN_REC_FREE);
+    r.ident = connected;
+    sn__rec_open(&r, 3, 30);
+    CHECK(r.ident.kind == 0 && r.ident.peer == 0);
+    record_in(&r, SN_REC_REKEYING);
+    r.ident = connected;
+    sn__rec_reborn(&r);
+    CHECK(r.ident.kind == 0 && r.ident.peer == 0);
+}
+
 static void test_fields(void) {
     sn_record_t r;
     uint32_t generation;
@@ -200,6 +245,8 @@ static void test_fields(void) {
     sn__rec_held(&r, 0);
     CHECK(r.in_kernel == 0 && r.state == SN_REC_DISABLED);
     CHECK(refused == 0);
+
+    test_identity();
 }
 
 /* The table's own functions on a port: the record number and index

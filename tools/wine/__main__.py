@@ -13,6 +13,15 @@ From the repository root:
 the selector, loop and every suite that takes the default backend run on
 it: ``--backend strict`` is the strict model of ProcessSocketNotifications.
 
+test and all build (or reuse) a test wheel: the core's cdef with the
+test-only declarations of sn_testing.h (SOCKNOTIFY_TESTING=1), which the
+tests of the strict model need; ``wheel`` builds the production one.
+
+``--check-transitions`` (test, all) builds the wheel afresh with every
+record transition of the C core checked (SN_CHECK_TRANSITIONS, sn_record.h):
+a transition from a state it does not start from aborts the Windows Python
+with its name and line. The wheel in dist/ is then that build.
+
 Checked on Debian 12 with Wine 8.0. Windows Python under Wine needs stdin
 from /dev/null and stdout/stderr on pipes (runtime.py); where the Windows
 Python comes from and what it lacks: python.py.
@@ -25,10 +34,11 @@ import sys
 
 from .apt import ensure_apt_packages
 from .bench import run_bench
+from .compile import CHECK_TRANSITIONS, TESTING
 from .python import WINDOWS_PYTHONS, ensure_windows_python
 from .run import run_tests
 from .runtime import wine_python
-from .wheel import build_wheel, fresh_wheel, wheel_path
+from .wheel import build_wheel, fresh_wheel, is_test_wheel, wheel_path
 
 COMMANDS = ["setup", "wheel", "test", "all", "bench"]
 
@@ -52,11 +62,18 @@ def main(argv=None) -> int:
     # Everything after "--" goes to pytest (to run.py for bench) untouched.
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser.add_argument("--check-transitions", action="store_true",
+                        help="build the core with every record transition checked")
     options = parser.parse_args(argv)
     version = options.py
     if options.backend:
         # Wine hands the Linux environment to the Windows process.
         os.environ["SOCKNOTIFY_BACKEND"] = options.backend
+    if options.check_transitions:
+        os.environ[CHECK_TRANSITIONS] = "1"
+    if options.command in ("test", "all"):
+        # The tests steer the strict model: a test build (sn_testing.h).
+        os.environ[TESTING] = "1"
     if options.command == "setup":
         setup(version)
         return 0
@@ -68,7 +85,7 @@ def main(argv=None) -> int:
         return run_bench(version, fresh_wheel(version), extra)
     if options.command == "test":
         wheel = wheel_path()
-        if not os.path.exists(wheel):
+        if options.check_transitions or not is_test_wheel(wheel):
             wheel = build_wheel(version)
         return run_tests(version, wheel, extra)
     setup(version)

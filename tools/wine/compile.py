@@ -13,6 +13,10 @@ from .config import PACKAGE, load_file, run
 from .python import python_dir
 
 BUILDER = os.path.join(PACKAGE, "_build.py")
+#: The environment variable that asks for a core with checked transitions.
+CHECK_TRANSITIONS = "SOCKNOTIFY_CHECK_TRANSITIONS"
+#: The environment variable that asks for a test build (the builder's own).
+TESTING = "SOCKNOTIFY_TESTING"
 
 
 def load_builder():
@@ -37,7 +41,12 @@ def compile_extension(version: str, workdir: str) -> str:
         # 3.12+ headers define MS_WIN64 for mingw themselves; older ones
         # only for MSVC, and the Win64 ABI must be named explicitly.
         knows_mingw = "__MINGW32__" in f.read()
+    # SOCKNOTIFY_CHECK_TRANSITIONS=1 (`--check-transitions`): every record
+    # transition checked (sn_record.h), a refused one aborting the process
+    # with its name and line, as the Linux sanitizer run builds the core.
+    checked = os.environ.get(CHECK_TRANSITIONS) == "1"
     cmd = [MINGW_CC, "-O2", "-shared", "-Wall", "-Werror",
+           *(["-DSN_CHECK_TRANSITIONS"] if checked else []),
            "-Wno-unused-parameter",  # in cffi's generated module, not ours
            # cffi's generated code defines Py_LIMITED_API itself (abi3).
            *([] if knows_mingw else ["-DMS_WIN64"]),
@@ -47,4 +56,8 @@ def compile_extension(version: str, workdir: str) -> str:
            "-L", pydir, "-lpython3", *libs,
            "-static-libgcc"]
     run(cmd)
+    if checked:
+        with open(pyd, "rb") as f:
+            if b"record transition" not in f.read():
+                raise SystemExit("the core was built without its transition checks")
     return pyd

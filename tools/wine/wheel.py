@@ -126,9 +126,12 @@ def build_wheel(version: str) -> str:
     name = os.path.basename(dist_info)
     if name != f"{wheel_stem()}.dist-info":
         raise SystemExit(f"the build backend made {name}, not {wheel_stem()}.dist-info")
+    # A test build (SOCKNOTIFY_TESTING=1: the strict model's controls in
+    # the cdef) says so in its WHEEL file, where is_test_wheel() reads it.
+    testing = os.environ.get("SOCKNOTIFY_TESTING") == "1"
     files[f"{name}/WHEEL"] = (
         "Wheel-Version: 1.0\n"
-        "Generator: socknotify_loop tools/wine\n"
+        f"Generator: socknotify_loop tools/wine{TEST_BUILD if testing else ''}\n"
         "Root-Is-Purelib: false\n"
         f"Tag: {WHEEL_TAG}\n"
     ).encode()
@@ -150,6 +153,21 @@ def build_wheel(version: str) -> str:
     os.replace(partial, wheel)
     log(f"wrote {wheel}")
     return wheel
+
+
+#: What the WHEEL file's Generator line of a test build ends with.
+TEST_BUILD = " (test build)"
+
+
+def is_test_wheel(wheel: str) -> bool:
+    """Whether ``wheel`` exists and is a test build (see build_wheel)."""
+    if not os.path.exists(wheel):
+        return False
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.endswith(".dist-info/WHEEL"):
+                return TEST_BUILD.encode() in zf.read(name)
+    return False
 
 
 def fresh_wheel(version: str) -> str:

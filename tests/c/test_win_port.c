@@ -1,0 +1,249 @@
+/*
+ * test_win_port.c -- the port code of the completion-port backends
+ * (sn_run.c, sn_translate.c, sn_iocp.c) against the strict model of
+ * ProcessSocketNotifications (sn_model.c), where the fault is in memory or
+ * in a sequence of calls that only C can drive exactly:
+ *
+ *   1. The answer buffers. An ENABLE that waited for its socket's REMOVE
+ *      event and then failed is reported to its owner as an error entry;
+ *      that entry and the events of the same call must fit in the room the
+ *      caller gave, both for sn_port_process()'s notifications and for
+ *      sn_port_select()'s pairs. Checked with guard entries after the
+ *      buffer: a write past it changes them.
+ *
+ * Built with mingw-w64 and run under Wine by tests/c/run_wine.sh, next to
+ * test_afd_polyfill.c. Exit status: 0 when every check passed.
+ */
+#define WIN32_LEAN_AND_MEAN
+#include <winsock2.h>
+#include <ws2tcpip.h>
+#include <windows.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sn_internal.h"
+#include "sn_win.h"
+
+static int failures;
+static int checks;
+
+#define CHECK(cond) do { \
+    checks++; \
+    if (!(cond)) { \
+        fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        failures++; \
+    } \
+} while (0)
+
+#define CHECK_EQ(a, b) do { \
+    unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
+    checks++; \
+    if (a_ != b_) { \
+        fprintf(stderr, "%s:%d: CHECK failed: %s == %s (0x%llx != 0x%llx)\n", \
+                __FILE__, __LINE__, #a, #b, a_, b_); \
+        failures++; \
+    } \
+} while (0)
+
+#define RUN(test) do { \
+    int before = failures; \
+    printf("%-40s", #test); fflush(stdout); \
+    test(); \
+    printf("%s\n", failures == before ? "ok" : "FAILED"); fflush(stdout); \
+} while (0)
+
+#define PERSIST (SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL)
+#define ONESHOT (SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL)
+
+/* ------------------------------------------------------------- plumbing */
+
+static SOCKET listener;
+static struct sockaddr_in listen_addr;
+
+static void setup_listener(void) {
+    int len = sizeof listen_addr;
+    listener = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
+    memset(&listen_addr, 0, sizeof listen_addr);
+    listen_addr.sin_family = AF_INET;
+    listen_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(listener, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0 ||
+        getsockname(listener, (struct sockaddr *)&listen_addr, &len) != 0 ||
+        listen(listener, 64) != 0) {
+        fprintf(stderr, "listener setup failed: %d\n", WSAGetLastError());
+        exit(2);
+    }
+}
+
+static void make_pair(SOCKET *a, SOCKET *b) {
+    u_long one = 1;
+    SOCKET c = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
+    if (connect(c, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0) {
+        fprintf(stderr, "connect failed: %d\n", WSAGetLastError());
+        exit(2);
+    }
+    *b = accept(listener, NULL, NULL);
+    if (*b == INVALID_SOCKET) {
+        fprintf(stderr, "accept failed: %d\n", WSAGetLastError());
+        exit(2);
+    }
+    *a = c;
+    ioctlsocket(*a, FIONBIO, &one);
+    ioctlsocket(*b, FIONBIO, &one);
+}
+
+static sn_registration_t reg(SOCKET s, uint64_t key, uint16_t events, uint8_t op,
+                             uint8_t trigger) {
+    sn_registration_t r;
+    r.socket = (uint64_t)s;
+    r.key = key;
+    r.events = events;
+    r.op = op;
+    r.trigger = trigger;
+    r.result = 0;
+    return r;
+}
+
+static sn_port_t *open_strict(void) {
+    int error = 0;
+    sn_port_t *port = sn_port_open(SN_BACKEND_STRICT, &error);
+    if (port == NULL)
+        fprintf(stderr, "strict port: error %d\n", error);
+    CHECK(port != NULL);
+    return port;
+}
+
+/* ----------------------------------------------------- the answer buffers */
+
+#define READY 4          /* readable sockets: as many as the answer holds */
+#define GUARD 8          /* guard entries after the answer */
+#define GUARD_KEY 0x5a5a5a5a5a5a5a5aull
+
+/* READY readable sockets, registered persistent level under keys 100.., and
+   a socket `x`, registered under key 1, then closed and given a new key: its
+   REMOVE fails (closesocket ended the registration), the new ENABLE waits
+   for the next call and fails there. That call's answer holds the failure
+   and up to READY readiness entries. */
+static void answer_setup(sn_port_t *port, SOCKET *a, SOCKET *b) {
+    sn_registration_t regs[READY + 1];
+    sn_notification_t notes[READY + 1];
+    SOCKET x, xpeer;
+    uint32_t got = 0;
+    int i;
+
+    for (i = 0; i < READY; i++) {
+        make_pair(&a[i], &b[i]);
+        send(b[i], "x", 1, 0);
+        regs[i] = reg(a[i], 100 + (uint64_t)i, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
+    }
+    make_pair(&x, &xpeer);
+    regs[READY] = reg(x, 1, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
+    CHECK_EQ(sn_port_process(port, 0, regs, READY + 1, 0, notes, READY + 1, &got), 0);
+    for (i = 0; i <= READY; i++)
+        CHECK_EQ(regs[i].result, 0);
+    closesocket(x);
+    closesocket(xpeer);
+    /* The same handle value under a new key: a quiet REMOVE (which fails:
+       the socket is gone) and an ENABLE that waits for the next call. */
+    regs[0] = reg(x, 2, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
+    CHECK_EQ(sn_port_process(port, 0, regs, 1, 0, notes, READY + 1, &got), 0);
+    CHECK_EQ(regs[0].result, 0);
+}
+
+static void answer_teardown(sn_port_t *port, SOCKET *a, SOCKET *b) {
+    int i;
+    sn_port_close(port);
+    sn_port_free(port);
+    for (i = 0; i < READY; i++) {
+        closesocket(a[i]);
+        closesocket(b[i]);
+    }
+}
+
+/* sn_port_process() with room for READY notifications: the deferred
+   ENABLE's failure and READY readiness entries must not make READY + 1. */
+static void test_process_answer_bounded(void) {
+    sn_port_t *port = open_strict();
+    SOCKET a[READY], b[READY];
+    sn_notification_t notes[READY + GUARD];
+    uint32_t got = 0, total = 0, i, err_seen = 0;
+    int round;
+
+    if (port == NULL)
+        return;
+    answer_setup(port, a, b);
+    for (round = 0; round < 4; round++) {
+        for (i = 0; i < READY + GUARD; i++) {
+            notes[i].key = GUARD_KEY;
+            notes[i].events = 0xdead;
+        }
+        CHECK_EQ(sn_port_process(port, 0, NULL, 0, 0, notes, READY, &got), 0);
+        CHECK(got <= READY);
+        for (i = READY; i < READY + GUARD; i++) {
+            CHECK_EQ(notes[i].key, GUARD_KEY);
+            CHECK_EQ(notes[i].events, 0xdead);
+        }
+        for (i = 0; i < got && i < READY; i++)
+            if (notes[i].key == 2 && (notes[i].events & SN_EVENT_ERR))
+                err_seen++;
+        total += got;
+    }
+    /* The owner of the re-keyed socket hears of its failure, once. */
+    CHECK_EQ(err_seen, 1);
+    CHECK(total >= READY);
+    answer_teardown(port, a, b);
+}
+
+/* sn_port_select() with room for READY pairs: the same, in words. */
+static void test_select_answer_bounded(void) {
+    sn_port_t *port = open_strict();
+    SOCKET a[READY], b[READY];
+    static sn_registration_t changes[4];
+    uint64_t out[2 * READY + GUARD];
+    uint32_t i, err_seen = 0;
+    int round;
+    int64_t answer;
+
+    if (port == NULL)
+        return;
+    answer_setup(port, a, b);
+    CHECK_EQ(sn_port_bind(port, changes, 4, out, 2 * READY), 0);
+    for (round = 0; round < 4; round++) {
+        uint64_t pairs;
+        for (i = 0; i < 2 * READY + GUARD; i++)
+            out[i] = GUARD_KEY;
+        answer = sn_port_select(port, 0, 0.0);
+        CHECK(answer >= 0);
+        for (i = 2 * READY; i < 2 * READY + GUARD; i++)
+            CHECK_EQ(out[i], GUARD_KEY);
+        if (answer < 0 || (answer & 3) != 0)
+            continue;   /* an error, or one pair in the answer itself */
+        pairs = (uint64_t)answer >> 2 & 0xffffffffu;
+        CHECK(pairs <= READY);
+        for (i = 0; i < pairs && i < READY; i++)
+            if (out[2 * i] == 2)
+                err_seen++;
+    }
+    CHECK_EQ(err_seen, 1);
+    answer_teardown(port, a, b);
+}
+
+int main(void) {
+    WSADATA wsa;
+    char why[200];
+    if (WSAStartup(MAKEWORD(2, 2), &wsa) != 0) {
+        fprintf(stderr, "WSAStartup failed\n");
+        return 2;
+    }
+    if (!sn_backend_available(SN_BACKEND_STRICT, why, sizeof why)) {
+        printf("strict backend unavailable: %s\n", why);
+        return 0;
+    }
+    setup_listener();
+    RUN(test_process_answer_bounded);
+    RUN(test_select_answer_bounded);
+    closesocket(listener);
+    WSACleanup();
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures == 0 ? 0 : 1;
+}
