@@ -46,7 +46,7 @@ _FIXED_RULES = [
     (EXCLUDED, r"^excluded: "),
     (CHECKOUT, r"not shipped here|beside the tests|developer run"),
     # What the OS or this machine did not let the test set up.
-    (CHANCE, r"never reused|refused synchronously|main thread only"
+    (CHANCE, r"never reused|no new socket took|refused synchronously|main thread only"
              r"|every backend is available"),
     # servers.py: no PostgreSQL or Redis server to test against.
     (MACHINE, r"no server address|could not be started"),
