@@ -188,11 +188,13 @@ class Loop(asyncio.SelectorEventLoop):
 
     def _close_self_pipe(self) -> None:
         """asyncio's, unless the garbage collector finalized the self-pipe
-        socket before the loop (an unclosed loop's __del__): its number is
-        gone, so is what asyncio would look it up by; the registration goes
-        with the selector, which closes next."""
+        socket or the selector before the loop (an unclosed loop's
+        __del__, the objects of a cycle finalized in any order, as PyPy
+        and CPython's cycle collector do): its number is gone, or so is
+        the map asyncio would look it up in; the registration goes with
+        the selector."""
         ssock = self._ssock
-        if ssock is not None and ssock.fileno() == -1:
+        if ssock is not None and (ssock.fileno() == -1 or self._selector.get_map() is None):
             ssock.close()
             self._ssock = None
             if self._csock is not None:

@@ -672,6 +672,9 @@ class _TestRegistrationLife:
         running loop as it was: in debug mode its next select() still
         works, its readers still fire."""
         loop = self.loop
+        if sys.platform == "win32" and not isinstance(loop, Loop):
+            self.skipTest("the reference is stock asyncio's Linux loop: its Windows "
+                          "loop lets a second thread's run_until_complete() through")
         loop.set_debug(True)
         started = threading.Event()
         loop.call_soon(started.set)
@@ -747,6 +750,13 @@ def test_a_loop_on_a_selector_a_closed_loop_used_is_refused_as_asyncio_refuses_i
     select() runs somewhere)."""
     selector = NotifySelector() if make is Loop else selectors.DefaultSelector()
     make(selector).close()
+    if make is not Loop and sys.version_info >= (3, 13):
+        # From 3.13 stock asyncio looks its self-pipe up with
+        # get_map().get(), which a closed selector's None answers with
+        # AttributeError; ours keeps the clear error of 3.9-3.12.
+        with pytest.raises(AttributeError):
+            make(selector)
+        return
     with pytest.raises(RuntimeError, match="^Selector is closed$"):
         make(selector)
 

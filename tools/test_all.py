@@ -154,6 +154,15 @@ def apt_packages_needed(envs):
     return [pkg for pkg, need in APT_NEEDS.items() if wanted(need) and not installed(pkg)]
 
 
+def shown_path(path):
+    """``path`` relative to the checkout where it can be (on Windows a
+    path on another drive, a temporary folder's, cannot)."""
+    try:
+        return os.path.relpath(path, HERE)
+    except ValueError:
+        return path
+
+
 def chroot_ready():
     """The sid chroot is made and stamped (tools/chroot.py's tree(): the
     same folder name, 'sid-chroot'), so its Debian tools need no apt-get."""
@@ -218,7 +227,7 @@ def report(result_file, envs, elapsed, log_dir):
                 log.write("$ " + " ".join(command.get("command", [])) + "\n")
                 log.write(command.get("output", "") + command.get("err", ""))
         print(f"\n===== {name}: {'FAILED' if failed else 'ok'} in {seconds:.0f} s "
-              f"(whole output: {os.path.relpath(log.name, HERE)})")
+              f"(whole output: {shown_path(log.name)})")
         for command in data.get("test", []):
             words = command.get("command", [])
             print("  $ " + " ".join(os.path.basename(w) if i == 0 else w
