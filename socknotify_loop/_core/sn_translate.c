@@ -150,22 +150,12 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             if (!record->in_kernel) {
                 sn__socket_identify(port, record);
             } else if (sn__socket_replaced(port, record)) {
-                /* The caller's ENABLE names a handle value whose socket
-                   was closed (closesocket() ended its registration
-                   silently) and taken by another socket: the caller names
-                   the socket there now (a selector's unregister and
-                   register of one descriptor number, merged into one
-                   change). A registration of its own for it, under a new
-                   generation so that nothing the dead socket left queued
-                   reaches it; never a renewal of the dead one's. The
-                   port's own re-arm of a replaced socket is not a caller
-                   naming it, and is refused (sn_rearm.h). */
-                sn__record_retire(port, recno);
-                if ((err = sn__record_new(port, reg->socket, reg->key, &recno)) != 0)
-                    break;
-                p->fresh = 1;
-                record = &port->records[recno];
-                sn__socket_identify(port, record);
+                /* A modify of a registration whose socket was closed and
+                   its handle value taken by another: refused, as epoll
+                   refuses a MOD of a closed descriptor's number (ENOENT),
+                   rather than tying the newcomer to this port. */
+                err = SN_ERROR_NOT_REGISTERED;
+                break;
             }
             kreg->trigger |= record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : SN_TRIGGER_ADD;
             p->before = sn__rec_enable(record, reg->events, reg->trigger);
