@@ -41,8 +41,9 @@ int sn__deferred_push(sn_layer_t *port, uint32_t recno);
    the existing registration" or makes one, so renewing a dead socket's
    registration would tie a stranger's socket to this port, its readiness
    reported under the dead socket's key and its owner's own port refused
-   ("one socket, one port"). So a renewal (a re-arm, a caller's modify)
-   first reads what the socket is and compares it with what it was
+   ("one socket, one port"). So a renewal (a re-arm; a caller's modify,
+   which then makes a new registration: sn_translate.c) first reads what
+   the socket is and compares it with what it was
    (sn__identity_differs); the same socket has what is known of it
    updated. A value that is no socket at all is left to the kernel, which
    fails it. Lock held. */

@@ -114,7 +114,14 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 kreg->op = SN_OP_NONE;
                 continue;
             }
-            if (record != NULL && sn__rec_live(record) && record->user_key != reg->key) {
+            /* Re-keyed; or, under the same key, another socket than the
+               one registered: the value closed without a REMOVE and reused
+               (the selector makes an unregister and a register before
+               the next select one ENABLE). Both are a new registration,
+               which nothing queued for the old one may reach. */
+            if (record != NULL && sn__rec_live(record) &&
+                (record->user_key != reg->key ||
+                 (key_fixed && record->in_kernel && sn__socket_replaced(port, record)))) {
                 if (key_fixed) {
                     /* Re-keyed, or the value reused after a silent
                        closesocket(): the port cannot tell which. The
@@ -147,16 +154,8 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 p->fresh = 1;
             }
             record = &port->records[recno];
-            if (!record->in_kernel) {
+            if (!record->in_kernel)
                 sn__socket_identify(port, record);
-            } else if (sn__socket_replaced(port, record)) {
-                /* A modify of a registration whose socket was closed and
-                   its handle value taken by another: refused, as epoll
-                   refuses a MOD of a closed descriptor's number (ENOENT),
-                   rather than tying the newcomer to this port. */
-                err = SN_ERROR_NOT_REGISTERED;
-                break;
-            }
             kreg->trigger |= record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : SN_TRIGGER_ADD;
             p->before = sn__rec_enable(record, reg->events, reg->trigger);
             break;
