@@ -698,8 +698,16 @@ class NotifySelector(selectors.BaseSelector):
             if rechecks:
                 # Last: a re-check stands for Python's record as it is now,
                 # the end of whatever the changes queued after it did.
-                pending[:] = ([change for change in pending if change[3] != _RECHECK] +
-                              [self._resolve(change) for change in rechecks])
+                changes = [change for change in pending if change[3] != _RECHECK]
+                last = {change[1]: change for change in changes}
+                # A re-check whose change the queue already ends with adds
+                # nothing but a second ENABLE of an armed registration,
+                # which Windows may refuse ("must not be re-enabled until
+                # the SOCK_NOTIFY_EVENT_DISABLE notification is received").
+                resolved = [self._resolve(change) for change in rechecks]
+                pending[:] = changes + [change for change in resolved
+                                        if last.get(change[1]) != change]
+                count = len(pending)
             if count > self._changes_room:
                 room = self._changes_room
                 while room < count:
