@@ -675,6 +675,10 @@ class _TestRegistrationLife:
         if sys.platform == "win32" and not isinstance(loop, Loop):
             self.skipTest("the reference is stock asyncio's Linux loop: its Windows "
                           "loop lets a second thread's run_until_complete() through")
+        if sys.version_info[:3] == (3, 13, 0) and not isinstance(loop, Loop):
+            self.skipTest("on 3.13.0 stock asyncio's run_forever() runs its cleanup "
+                          "after refusing, which marks the running loop as stopped "
+                          "(fixed in 3.13.1)")
         loop.set_debug(True)
         started = threading.Event()
         loop.call_soon(started.set)
