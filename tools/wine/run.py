@@ -77,8 +77,11 @@ def run_tests(version: str, wheel: str, pytest_args) -> int:
     pip_for_windows(version, ["--no-deps", "--force-reinstall", wheel])
     install_sitecustomize(version)
     # Run from a folder without the source package, so the installed wheel
-    # is what gets imported.
-    rundir = os.path.join(CACHE, "run")
+    # is what gets imported; one folder per Python, because CPython's tests
+    # name their scratch files by process id (os_helper.TESTFN), and two
+    # Wine prefixes running side by side hand out the same Windows ids: in
+    # one folder, one run's sendfile tests read and delete the other's file.
+    rundir = os.path.join(CACHE, "run", "cp" + version.replace(".", ""))
     os.makedirs(rundir, exist_ok=True)
     try:
         with integration_servers():
