@@ -52,39 +52,6 @@ typedef struct sn_sink {
     int woken;                  /* select(): a posted packet arrived */
 } sn_sink_t;
 
-/* Whether the sink has room for one more entry: a notification, or a
-   (key, mask) pair in front of the I/O keys stored from the back. sn__run
-   never asks the backend for more events than the room left, and a
-   select leaves room for a failure pair of each change, so this holds;
-   it is checked at every write all the same, since a write past the
-   caller's buffer corrupts its memory. */
-SN_INLINE int sn__sink_room(const sn_sink_t *sink, int pair) {
-    if (sink->notes != NULL)
-        return sink->n < sink->cap;
-    return 2 * sink->n + sink->io + (pair ? 2u : 1u) <= sink->cap;
-}
-
-/* The one way an answer enters the sink: a notification for process()
-   (sink->notes), a (caller key, selector mask) pair for select()
-   (sink->out), each only where there is room (dropped otherwise, see
-   sn__sink_room). Inline: sn__deliver writes every event of every
-   select through them. */
-SN_INLINE void sn__sink_note(sn_sink_t *sink, uint64_t key, uint32_t events) {
-    if (!sn__sink_room(sink, 0))
-        return;
-    sink->notes[sink->n].key = key;
-    sink->notes[sink->n].events = events;
-    sink->n++;
-}
-
-SN_INLINE void sn__sink_pair(sn_sink_t *sink, uint64_t key, uint64_t mask) {
-    if (!sn__sink_room(sink, 1))
-        return;
-    sink->out[2 * sink->n] = key;
-    sink->out[2 * sink->n + 1] = mask;
-    sink->n++;
-}
-
 /* The selector mask of delivered events, as selectors.EpollSelector
    computes it from epoll's bits: readable on IN or a hang-up (a read
    meets EOF), writable on OUT, both on an error. A half-closed peer is a

@@ -106,11 +106,18 @@ void sn__report_deferred_failures(const sn_registration_t *kregs,
         if (memos[i].kind != SN_MEMO_DEFERRED_FAILED)
             continue;
         if (sink->notes != NULL) {
-            sn__sink_note(sink, kregs[i].key, SN_EVENT_ERR);
+            if (sink->n >= sink->cap)
+                continue;
+            sink->notes[sink->n].key = kregs[i].key;
+            sink->notes[sink->n].events = SN_EVENT_ERR;
+            sink->n++;
         } else {
             uint64_t mask = sn__select_mask(kregs[i].events, SN_EVENT_ERR);
-            if (mask != 0)
-                sn__sink_pair(sink, kregs[i].key, mask);
+            if (mask == 0 || 2 * (sink->n + 1) + sink->io > sink->cap)
+                continue;
+            sink->out[2 * sink->n] = kregs[i].key;
+            sink->out[2 * sink->n + 1] = mask;
+            sink->n++;
         }
     }
 }

@@ -72,6 +72,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether the sink has room for one more entry: a notification, or a
+   (key, mask) pair in front of the I/O keys stored from the back. sn__run
+   never asks the backend for more events than the room left, so this
+   holds; it is checked at every write all the same, since a write past
+   the caller's buffer corrupts its memory. */
+static int sn__sink_room(const sn_sink_t *sink, int pair) {
+    if (sink->notes != NULL)
+        return sink->n < sink->cap;
+    return 2 * sink->n + sink->io + (pair ? 2u : 1u) <= sink->cap;
+}
+
 /* Turn kernel events into the sink's form (lock held). Returns how many
    were reported or, for select(), made the call return (a wake-up). */
 static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
@@ -84,7 +95,11 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
         if (ev->posted) {
             /* A posted packet (events 0) or an I/O completion (SN_EVENT_IO). */
             if (sink->notes != NULL) {
-                sn__sink_note(sink, ev->key, ev->events);
+                if (!sn__sink_room(sink, 0))
+                    continue;
+                sink->notes[sink->n].key = ev->key;
+                sink->notes[sink->n].events = ev->events;
+                sink->n++;
             } else if (ev->events & SN_EVENT_IO) {
                 if (!sn__sink_room(sink, 0))
                     continue;
@@ -113,8 +128,11 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
                a registration the port never removed) and is dropped. */
             if (!sn__rec_removing(record))
                 continue;
-            if (sink->notes != NULL && !record->quiet)
-                sn__sink_note(sink, record->user_key, SN_EVENT_REMOVE);
+            if (sink->notes != NULL && !record->quiet && sn__sink_room(sink, 0)) {
+                sink->notes[sink->n].key = record->user_key;
+                sink->notes[sink->n].events = SN_EVENT_REMOVE;
+                sink->n++;
+            }
             if (record->state == SN_REC_REKEYING)
                 sn__rebirth(port, recno);
             else
@@ -140,12 +158,18 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
             sn__rec_fire(record);
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
-            if (wanted != 0)
-                sn__sink_note(sink, record->user_key, wanted);
+            if (wanted == 0 || !sn__sink_room(sink, 0))
+                continue;
+            sink->notes[sink->n].key = record->user_key;
+            sink->notes[sink->n].events = wanted;
+            sink->n++;
         } else {
             uint64_t mask = sn__select_mask(record->events, ev->events);
-            if (mask != 0)
-                sn__sink_pair(sink, record->user_key, mask);
+            if (mask == 0 || !sn__sink_room(sink, 1))
+                continue;
+            sink->out[2 * sink->n] = record->user_key;
+            sink->out[2 * sink->n + 1] = mask;
+            sink->n++;
         }
     }
     return sink->n + sink->io + (uint32_t)sink->woken - before;

@@ -108,8 +108,11 @@ int64_t sn_port_select(sn_port_t *handle, uint32_t count, double timeout_ms) {
         if (reg->result == 0 || reg->op != SN_OP_ENABLE)
             continue;
         mask = sn__select_mask(reg->events, SN_EVENT_ERR);
-        if (mask != 0)
-            sn__sink_pair(&sink, reg->key, mask);
+        if (mask == 0)
+            continue;
+        port->bound_out[2 * sink.n] = reg->key;
+        port->bound_out[2 * sink.n + 1] = mask;
+        sink.n++;
     }
     /* The I/O keys were stored from the back: move them behind the pairs. */
     if (sink.io != 0)
