@@ -22,21 +22,27 @@
 static int failures;   /* checks that failed */
 static int checks;     /* checks made */
 
+/* Checks run in several threads at once (the drivers' thread tests), so
+   the counters move atomically (GCC's builtins: every driver is built
+   with gcc or mingw-w64's gcc). They are read once those threads have
+   been joined. */
+#define CHECK_COUNT(counter) ((void)__atomic_fetch_add(&(counter), 1, __ATOMIC_RELAXED))
+
 #define CHECK(cond) do { \
-    checks++; \
+    CHECK_COUNT(checks); \
     if (!(cond)) { \
         fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        failures++; \
+        CHECK_COUNT(failures); \
     } \
 } while (0)
 
 #define CHECK_EQ(a, b) do { \
     unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
-    checks++; \
+    CHECK_COUNT(checks); \
     if (a_ != b_) { \
         fprintf(stderr, "%s:%d: CHECK failed: %s == %s (0x%llx != 0x%llx)\n", \
                 __FILE__, __LINE__, #a, #b, a_, b_); \
-        failures++; \
+        CHECK_COUNT(failures); \
     } \
 } while (0)
 
