@@ -96,108 +96,146 @@ def _registered(rc: int, results: List[int]) -> Optional[str]:
     return None
 
 
-# -- the questions: each takes a backend name and says what it did ---------------
-
-def key_change_without_remove(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as port:
-        problem = _registered(*port.call([(a, 1, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
-        if problem:
-            return problem
-        problem = _registered(*port.call([(a, 2, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
-        if problem:
-            return f"second ENABLE {problem}"
-        b.send(b"x")
-        return _which_key(_keys(port.collect(300), EVENT_IN))
+def _apply(port: RawPort, sock: socket.socket, key: int, events: int, op: int,
+           trigger: int) -> Optional[str]:
+    """One registration applied, no wait: None if it was accepted, else
+    what happened (:func:`_registered`)."""
+    return _registered(*port.call([(sock, key, events, op, trigger)], 0, 0)[:2])
 
 
-def remove_then_enable_in_one_call(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as port:
-        problem = _registered(*port.call([(a, 1, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
-        if problem:
-            return problem
-        rc, results, _ = port.call([(a, 1, 0, OP_REMOVE, 0),
-                                    (a, 2, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)
-        if rc or results[1]:
-            return f"refused (call {rc}, results {results})"
-        b.send(b"x")
-        notes = port.collect(300)
-        told = _which_key(_keys(notes, EVENT_IN))
-        return f"{told}; REMOVE under {_keys(notes, EVENT_REMOVE) or 'none'}"
+def _enable(port: RawPort, sock: socket.socket, key: int, events: int,
+            trigger: int) -> Optional[str]:
+    """An ENABLE applied, no wait: None if accepted, else what happened."""
+    return _apply(port, sock, key, events, OP_ENABLE, trigger)
 
 
-def delivery_after_disable(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as port:
-        problem = _registered(*port.call([(a, 3, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
-        if problem:
-            return problem
-        b.send(b"x")
-        time.sleep(0.1)          # the notification is queued by now
-        problem = _registered(*port.call([(a, 3, EVENT_IN, OP_DISABLE, 0)], 0, 0)[:2])
-        if problem:
-            return f"DISABLE {problem}"
-        keys = _keys(port.collect(300), EVENT_IN)
-        return "queued notification delivered" if keys else "nothing after DISABLE"
+#: What a question asks once its socket is registered: (the port, the
+#: registered socket ``a``, its peer ``b``, the registration's key) -> the answer.
+Then = Callable[[RawPort, socket.socket, socket.socket, int], str]
 
 
-def another_port(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as first, RawPort(backend) as second:
-        problem = _registered(*first.call([(a, 4, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
-        if problem:
-            return f"first port {problem}"
-        return _registered(*second.call([(a, 4, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2]) \
-            or "accepted"
+def _after_enable(key: int, events: int, trigger: int, then: Then) -> Callable[[str], str]:
+    """The shape most questions have: a fresh pair and a fresh port, ``a``
+    registered (ENABLE of ``events`` under ``key``), then ``then`` asks the
+    rest. A refused first ENABLE is the answer itself."""
+    def ask(backend: str) -> str:
+        a, b = _pair()
+        with a, b, RawPort(backend) as port:
+            return _enable(port, a, key, events, trigger) or then(port, a, b, key)
+    return ask
 
 
-def closed_port_without_remove(backend: str) -> str:
-    a, b = _pair()
-    with a, b:
-        with RawPort(backend) as first:
-            problem = _registered(*first.call([(a, 5, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
+# -- what each question asks after its first ENABLE --------------------------------
+
+def _accepted(port: RawPort, a: socket.socket, b: socket.socket, key: int) -> str:
+    """Nothing more: the first ENABLE's verdict is the answer."""
+    return "accepted"
+
+
+def _enable_again_under_key_2(port: RawPort, a: socket.socket, b: socket.socket,
+                              key: int) -> str:
+    problem = _enable(port, a, 2, EVENT_IN, PERSISTENT)
+    if problem:
+        return f"second ENABLE {problem}"
+    b.send(b"x")
+    return _which_key(_keys(port.collect(300), EVENT_IN))
+
+
+def _remove_and_enable_under_key_2(port: RawPort, a: socket.socket, b: socket.socket,
+                                   key: int) -> str:
+    rc, results, _ = port.call([(a, key, 0, OP_REMOVE, 0),
+                                (a, 2, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)
+    if rc or results[1]:
+        return f"refused (call {rc}, results {results})"
+    b.send(b"x")
+    notes = port.collect(300)
+    told = _which_key(_keys(notes, EVENT_IN))
+    return f"{told}; REMOVE under {_keys(notes, EVENT_REMOVE) or 'none'}"
+
+
+def _disable_with_data_queued(port: RawPort, a: socket.socket, b: socket.socket,
+                              key: int) -> str:
+    b.send(b"x")
+    time.sleep(0.1)          # the notification is queued by now
+    problem = _apply(port, a, key, EVENT_IN, OP_DISABLE, 0)
+    if problem:
+        return f"DISABLE {problem}"
+    keys = _keys(port.collect(300), EVENT_IN)
+    return "queued notification delivered" if keys else "nothing after DISABLE"
+
+
+def _send_twice_unread(port: RawPort, a: socket.socket, b: socket.socket, key: int) -> str:
+    b.send(b"1")
+    first = _keys(port.collect(300), EVENT_IN)
+    b.send(b"2")             # the first byte is still unread
+    second = _keys(port.collect(300), EVENT_IN)
+    if not first:
+        return "no notification for the first data"
+    return "notified again for new data" if second else "one notification until drained"
+
+
+def _rearm_with_data_unread(port: RawPort, a: socket.socket, b: socket.socket,
+                            key: int) -> str:
+    b.send(b"x")
+    if not _keys(port.collect(300), EVENT_IN):
+        return "no notification for the data"
+    problem = _enable(port, a, key, EVENT_IN, ONESHOT)
+    if problem:
+        return f"re-arm {problem}"
+    return "fires again at once" if _keys(port.collect(300), EVENT_IN) \
+        else "silent until new data"
+
+
+def _enable_again_with_out(port: RawPort, a: socket.socket, b: socket.socket,
+                           key: int) -> str:
+    problem = _enable(port, a, key, EVENT_IN | EVENT_OUT, PERSISTENT)
+    if problem:
+        return problem
+    return "accepted, new filter used" if _keys(port.collect(300), EVENT_OUT) \
+        else "accepted, old filter kept"
+
+
+def _remove_then_close(port: RawPort, a: socket.socket, b: socket.socket, key: int) -> str:
+    rc, results, _ = port.call([(a, key, 0, OP_REMOVE, 0)], 0, 0)
+    a.close()
+    if rc or results[0]:
+        return f"REMOVE refused (call {rc}, results {results})"
+    return "REMOVE event delivered" if _keys(port.collect(300), EVENT_REMOVE) \
+        else "no REMOVE event"
+
+
+def _close_with_data_queued(port: RawPort, a: socket.socket, b: socket.socket,
+                            key: int) -> str:
+    b.send(b"x")
+    time.sleep(0.1)          # the notification is queued by now
+    a.close()
+    return "delivered after the close" if _keys(port.collect(300), EVENT_IN) \
+        else "nothing after the close"
+
+
+def _disable_without_trigger(port: RawPort, a: socket.socket, b: socket.socket,
+                             key: int) -> str:
+    return _apply(port, a, key, EVENT_IN, OP_DISABLE, 0) or "accepted"
+
+
+# -- the questions of another shape: two ports, a closed handle, no pair -----------
+
+def _on_a_second_port(key: int, remove_first: bool, close_first: bool) -> Callable[[str], str]:
+    """``a`` registered with one port, then ENABLEd on a second one; the
+    first may have removed it first, and may be closed by then."""
+    def ask(backend: str) -> str:
+        a, b = _pair()
+        with a, b, RawPort(backend) as first:
+            problem = _enable(first, a, key, EVENT_IN, ONESHOT)
             if problem:
                 return f"first port {problem}"
-        with RawPort(backend) as second:
-            return _registered(*second.call([(a, 5, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2]) \
-                or "accepted"
-
-
-def closed_port_after_remove(backend: str) -> str:
-    a, b = _pair()
-    with a, b:
-        with RawPort(backend) as first:
-            problem = _registered(*first.call([(a, 6, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
-            if problem:
-                return f"first port {problem}"
-            first.call([(a, 6, 0, OP_REMOVE, 0)], 0, 0)
-        with RawPort(backend) as second:
-            return _registered(*second.call([(a, 6, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2]) \
-                or "accepted"
-
-
-def edge_without_draining(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as port:
-        problem = _registered(*port.call(
-            [(a, 7, EVENT_IN, OP_ENABLE, TRIGGER_EDGE | TRIGGER_PERSISTENT)], 0, 0)[:2])
-        if problem:
-            return problem
-        b.send(b"1")
-        first = _keys(port.collect(300), EVENT_IN)
-        b.send(b"2")             # the first byte is still unread
-        second = _keys(port.collect(300), EVENT_IN)
-        if not first:
-            return "no notification for the first data"
-        return "notified again for new data" if second else "one notification until drained"
-
-
-def enable_without_trigger(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as port:
-        return _registered(*port.call([(a, 8, EVENT_IN, OP_ENABLE, TRIGGER_ONESHOT)], 0, 0)[:2]) \
-            or "accepted"
+            if remove_first:
+                first.call([(a, key, 0, OP_REMOVE, 0)], 0, 0)
+            if close_first:
+                first.close()
+            with RawPort(backend) as second:
+                return _enable(second, a, key, EVENT_IN, ONESHOT) or "accepted"
+    return ask
 
 
 class _Handle:
@@ -214,7 +252,7 @@ def closed_handle_in_a_batch(backend: str) -> str:
     a, b = _pair()
     c, d = _pair()
     with a, b, RawPort(backend) as port:
-        problem = _registered(*port.call([(c, 9, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
+        problem = _enable(port, c, 9, EVENT_IN, PERSISTENT)
         if problem:
             return problem
         closed = _Handle(c.fileno())
@@ -227,65 +265,6 @@ def closed_handle_in_a_batch(backend: str) -> str:
         if results[0] and not results[1]:
             return f"its registration failed (error {results[0]}), the rest applied"
         return f"results {results}"
-
-
-def oneshot_rearm_unread(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as port:
-        problem = _registered(*port.call([(a, 11, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
-        if problem:
-            return problem
-        b.send(b"x")
-        if not _keys(port.collect(300), EVENT_IN):
-            return "no notification for the data"
-        problem = _registered(*port.call([(a, 11, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
-        if problem:
-            return f"re-arm {problem}"
-        return "fires again at once" if _keys(port.collect(300), EVENT_IN) \
-            else "silent until new data"
-
-
-def enable_armed_new_filter(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as port:
-        problem = _registered(*port.call([(a, 12, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
-        if problem:
-            return problem
-        problem = _registered(*port.call(
-            [(a, 12, EVENT_IN | EVENT_OUT, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
-        if problem:
-            return problem
-        return "accepted, new filter used" if _keys(port.collect(300), EVENT_OUT) \
-            else "accepted, old filter kept"
-
-
-def closed_before_remove_event(backend: str) -> str:
-    a, b = _pair()
-    with b, RawPort(backend) as port:
-        problem = _registered(*port.call([(a, 13, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
-        if problem:
-            return problem
-        rc, results, _ = port.call([(a, 13, 0, OP_REMOVE, 0)], 0, 0)
-        if rc or results[0]:
-            a.close()
-            return f"REMOVE refused (call {rc}, results {results})"
-        a.close()
-        return "REMOVE event delivered" if _keys(port.collect(300), EVENT_REMOVE) \
-            else "no REMOVE event"
-
-
-def closesocket_with_queued(backend: str) -> str:
-    a, b = _pair()
-    with b, RawPort(backend) as port:
-        problem = _registered(*port.call([(a, 14, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
-        if problem:
-            a.close()
-            return problem
-        b.send(b"x")
-        time.sleep(0.1)          # the notification is queued by now
-        a.close()
-        return "delivered after the close" if _keys(port.collect(300), EVENT_IN) \
-            else "nothing after the close"
 
 
 def tied_by_create_io_completion_port(backend: str) -> str:
@@ -309,8 +288,7 @@ def tied_by_create_io_completion_port(backend: str) -> str:
         try:
             if not create(a.fileno(), other, 1, 0):
                 return f"not tied (error {last_error()})"
-            return _registered(*port.call([(a, 15, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2]) \
-                or "accepted"
+            return _enable(port, a, 15, EVENT_IN, ONESHOT) or "accepted"
         finally:
             close(other)
 
@@ -324,24 +302,13 @@ def failed_connect_out_only(backend: str) -> str:
     a.setblocking(False)
     with a, RawPort(backend) as port:
         a.connect_ex(address)
-        problem = _registered(*port.call(
-            [(a, 16, EVENT_OUT, OP_ENABLE, ONESHOT)], 0, 0)[:2])
+        problem = _enable(port, a, 16, EVENT_OUT, ONESHOT)
         if problem:
             return problem
         notes = port.collect(3000 if backend != "afd" else 1500)
         if _keys(notes, EVENT_ERR):
             return "ERR reported"
         return "OUT without ERR" if _keys(notes, EVENT_OUT) else "nothing"
-
-
-def disable_without_trigger(backend: str) -> str:
-    a, b = _pair()
-    with a, b, RawPort(backend) as port:
-        problem = _registered(*port.call([(a, 17, EVENT_IN, OP_ENABLE, PERSISTENT)], 0, 0)[:2])
-        if problem:
-            return problem
-        return _registered(*port.call([(a, 17, EVENT_IN, OP_DISABLE, 0)], 0, 0)[:2]) \
-            or "accepted"
 
 
 class Question(NamedTuple):
@@ -351,23 +318,38 @@ class Question(NamedTuple):
     ask: Callable[[str], str]
 
 
+#: Every question, in the report's order: most are a registration and what
+#: follows it (:func:`_after_enable`), one line each.
 QUESTIONS: Tuple[Question, ...] = (
-    Question("key change without REMOVE", key_change_without_remove),
-    Question("REMOVE then ENABLE (new key) in one call", remove_then_enable_in_one_call),
-    Question("delivery after DISABLE", delivery_after_disable),
-    Question("socket registered with another port", another_port),
-    Question("port closed with the socket registered", closed_port_without_remove),
-    Question("port closed after the socket's REMOVE", closed_port_after_remove),
-    Question("edge-triggered, not drained", edge_without_draining),
-    Question("ENABLE without LEVEL or EDGE", enable_without_trigger),
+    Question("key change without REMOVE",
+             _after_enable(1, EVENT_IN, PERSISTENT, _enable_again_under_key_2)),
+    Question("REMOVE then ENABLE (new key) in one call",
+             _after_enable(1, EVENT_IN, PERSISTENT, _remove_and_enable_under_key_2)),
+    Question("delivery after DISABLE",
+             _after_enable(3, EVENT_IN, PERSISTENT, _disable_with_data_queued)),
+    Question("socket registered with another port",
+             _on_a_second_port(4, remove_first=False, close_first=False)),
+    Question("port closed with the socket registered",
+             _on_a_second_port(5, remove_first=False, close_first=True)),
+    Question("port closed after the socket's REMOVE",
+             _on_a_second_port(6, remove_first=True, close_first=True)),
+    Question("edge-triggered, not drained",
+             _after_enable(7, EVENT_IN, TRIGGER_EDGE | TRIGGER_PERSISTENT, _send_twice_unread)),
+    Question("ENABLE without LEVEL or EDGE",
+             _after_enable(8, EVENT_IN, TRIGGER_ONESHOT, _accepted)),
     Question("closed handle in a batch", closed_handle_in_a_batch),
-    Question("LEVEL|ONESHOT re-armed, data unread", oneshot_rearm_unread),
-    Question("ENABLE of an armed registration, new filter", enable_armed_new_filter),
-    Question("socket closed before its REMOVE event", closed_before_remove_event),
-    Question("closesocket() with a notification queued", closesocket_with_queued),
+    Question("LEVEL|ONESHOT re-armed, data unread",
+             _after_enable(11, EVENT_IN, ONESHOT, _rearm_with_data_unread)),
+    Question("ENABLE of an armed registration, new filter",
+             _after_enable(12, EVENT_IN, PERSISTENT, _enable_again_with_out)),
+    Question("socket closed before its REMOVE event",
+             _after_enable(13, EVENT_IN, ONESHOT, _remove_then_close)),
+    Question("closesocket() with a notification queued",
+             _after_enable(14, EVENT_IN, PERSISTENT, _close_with_data_queued)),
     Question("socket tied by CreateIoCompletionPort", tied_by_create_io_completion_port),
     Question("failed connect, OUT-only filter", failed_connect_out_only),
-    Question("DISABLE without trigger flags", disable_without_trigger),
+    Question("DISABLE without trigger flags",
+             _after_enable(17, EVENT_IN, PERSISTENT, _disable_without_trigger)),
 )
 
 

@@ -37,7 +37,7 @@ import sysconfig
 import textwrap
 import threading
 import time
-from typing import Dict, List, Set, Tuple
+from typing import Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 import pytest
 from _platform import LINUX, WINE_CLOSE_RACE, running_under_wine
@@ -125,6 +125,29 @@ def test_gil_stays_off() -> None:
 
 # -- one loop per thread -------------------------------------------------------------
 
+#: A stream server's per-connection callback (asyncio.start_server's).
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def _serve_until_stopped(listener: socket.socket, handle: Handler, stop: threading.Event,
+                         ready: Optional[threading.Barrier] = None) -> None:
+    """In this thread, a new Loop serves ``listener`` with ``handle``
+    (asyncio.start_server), waits at ``ready`` once it listens (when
+    given), and runs until ``stop`` is set; then the loop is closed."""
+    async def main() -> None:
+        async with await asyncio.start_server(handle, sock=listener):
+            if ready is not None:
+                ready.wait(10)
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+
+    loop = Loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
 async def _ping_pong(rounds: int) -> int:
     """Round trips over a socket pair on the running loop, with a timer
     and a call_soon in between; returns how many came back intact."""
@@ -187,17 +210,7 @@ def test_one_loop_per_thread_shares_a_listening_socket() -> None:
             with lock:
                 served[index] = served.get(index, 0) + 1
 
-        async def main() -> None:
-            srv = await asyncio.start_server(handle, sock=listener.dup())
-            async with srv:
-                while not stop.is_set():
-                    await asyncio.sleep(0.01)
-
-        loop = Loop()
-        try:
-            loop.run_until_complete(main())
-        finally:
-            loop.close()
+        _serve_until_stopped(listener.dup(), handle, stop)
 
     def clients() -> None:
         for i in range(clients_n):
@@ -580,17 +593,7 @@ def test_one_loop_per_thread_with_reuseport_listeners() -> None:
             writer.close()
             served[index] += 1
 
-        async def main() -> None:
-            async with await asyncio.start_server(handle, sock=listeners[index]):
-                ready.wait(10)
-                while not stop.is_set():
-                    await asyncio.sleep(0.01)
-
-        loop = Loop()
-        try:
-            loop.run_until_complete(main())
-        finally:
-            loop.close()
+        _serve_until_stopped(listeners[index], handle, stop, ready)
 
     errors: List[BaseException] = []
     pool = threading.Thread(target=lambda: errors.extend(

@@ -310,14 +310,9 @@ ULONG_PTR sn_afd_entry_key(HANDLE completionPort, const OVERLAPPED_ENTRY *entry)
 /* Waits of a zero-timeout call that dequeued only internal packets. */
 #define AFD_POLL_ONLY_ROUNDS 4
 
-DWORD WINAPI sn_afd_process_socket_notifications(
-    HANDLE completionPort,
-    UINT32 registrationCount,
-    SOCK_NOTIFY_REGISTRATION *registrationInfos,
-    UINT32 timeoutMs,
-    ULONG completionCount,
-    OVERLAPPED_ENTRY *completionPortEntries,
-    UINT32 *receivedEntryCount) {
+/* The parameters (completionPort ... receivedEntryCount) are those of
+   SN_PSN_PARAMETERS, sn_win.h. */
+DWORD WINAPI sn_afd_process_socket_notifications(SN_PSN_PARAMETERS) {
     afd_port_t *ap;
     int64_t deadline = 0;
     DWORD wait_ms = timeoutMs;

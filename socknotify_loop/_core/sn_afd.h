@@ -17,14 +17,7 @@
 /* ProcessSocketNotifications on IOCTL_AFD_POLL (sn_afd.c). Same
    arguments, same return values (ERROR_SUCCESS, WAIT_TIMEOUT, or an error
    for the whole call), same per-registration results. */
-DWORD WINAPI sn_afd_process_socket_notifications(
-    HANDLE completionPort,
-    UINT32 registrationCount,
-    SOCK_NOTIFY_REGISTRATION *registrationInfos,
-    UINT32 timeoutMs,
-    ULONG completionCount,
-    OVERLAPPED_ENTRY *completionPortEntries,
-    UINT32 *receivedEntryCount);
+DWORD WINAPI sn_afd_process_socket_notifications(SN_PSN_PARAMETERS);
 
 /* The polyfill serving a port whose own function (the OS's, or the model)
    refused a socket: turns the polyfill's packets among `got` dequeued

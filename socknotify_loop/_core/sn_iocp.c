@@ -598,51 +598,34 @@ static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
 #define IOCP_TRIGGERS_AFD \
     (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL)
 
-const sn_backend_ops_t sn_psn_ops = {
-    .id = SN_BACKEND_PSN,
-    .triggers = IOCP_TRIGGERS_PSN,
-    .caps = SN_CAP_KEY_FIXED,
-    .available = sn_iocp_available_psn,
-    .open = iocp__open_psn,
-    .process = iocp__process,
-    .post = iocp__post,
-    .wake_all = iocp__wake_all,
-    .close = iocp__close,
-    .os_handle = iocp__os_handle,
-    .check = iocp__check,
-    .identify = iocp__identify,
-};
+/* The three completion-port backends share the port code above; they
+   differ in their id, the triggers they honour, how a port opens (which
+   ProcessSocketNotifications it calls) and whether they add the
+   polyfill's kernel-call counts to the port's (afd and strict, which run
+   on the polyfill; NULL for psn). One shape, one line each. */
+#define IOCP_OPS(backend, honoured, is_available, open_port, counters) {   \
+    .id = (backend),                                                     \
+    .triggers = (honoured),                                              \
+    .caps = SN_CAP_KEY_FIXED,                                            \
+    .available = (is_available),                                         \
+    .open = (open_port),                                                 \
+    .process = iocp__process,                                            \
+    .post = iocp__post,                                                  \
+    .wake_all = iocp__wake_all,                                          \
+    .close = iocp__close,                                                \
+    .os_handle = iocp__os_handle,                                        \
+    .check = iocp__check,                                                \
+    .identify = iocp__identify,                                          \
+    .add_counters = (counters),                                          \
+}
 
-const sn_backend_ops_t sn_strict_ops = {
-    .id = SN_BACKEND_STRICT,
-    .triggers = IOCP_TRIGGERS_STRICT,
-    .caps = SN_CAP_KEY_FIXED,
-    .available = sn_iocp_available_strict,
-    .open = iocp__open_strict,
-    .process = iocp__process,
-    .post = iocp__post,
-    .wake_all = iocp__wake_all,
-    .close = iocp__close,
-    .os_handle = iocp__os_handle,
-    .check = iocp__check,
-    .identify = iocp__identify,
-    .add_counters = iocp__add_afd_counters,
-};
-
-const sn_backend_ops_t sn_afd_ops = {
-    .id = SN_BACKEND_AFD,
-    .triggers = IOCP_TRIGGERS_AFD,
-    .caps = SN_CAP_KEY_FIXED,
-    .available = sn_iocp_available_afd,
-    .open = iocp__open_afd,
-    .process = iocp__process,
-    .post = iocp__post,
-    .wake_all = iocp__wake_all,
-    .close = iocp__close,
-    .os_handle = iocp__os_handle,
-    .check = iocp__check,
-    .identify = iocp__identify,
-    .add_counters = iocp__add_afd_counters,
-};
+const sn_backend_ops_t sn_psn_ops = IOCP_OPS(
+    SN_BACKEND_PSN, IOCP_TRIGGERS_PSN, sn_iocp_available_psn, iocp__open_psn, NULL);
+const sn_backend_ops_t sn_strict_ops = IOCP_OPS(
+    SN_BACKEND_STRICT, IOCP_TRIGGERS_STRICT, sn_iocp_available_strict, iocp__open_strict,
+    iocp__add_afd_counters);
+const sn_backend_ops_t sn_afd_ops = IOCP_OPS(
+    SN_BACKEND_AFD, IOCP_TRIGGERS_AFD, sn_iocp_available_afd, iocp__open_afd,
+    iocp__add_afd_counters);
 
 #endif /* _WIN32 */

@@ -12,6 +12,8 @@
 
 #include "sn_internal.h"
 
+#include <stdlib.h>
+
 struct sn_record;
 
 typedef struct sn_layer {
@@ -66,6 +68,25 @@ typedef struct sn_layer {
 /* The port layer's view of a port (every port is allocated as one). */
 SN_INLINE sn_layer_t *sn__layer(sn_port_t *port) {
     return (sn_layer_t *)(void *)port;
+}
+
+/* The one rule of growth for the port layer's arrays (the records and
+   their free list, sn_table.c; the re-arm and deferred lists, sn_rearm.c):
+   a full array doubles, one with no room yet starts at `first` elements,
+   and none grows past `limit` elements. Returns `array` reallocated to
+   *new_cap elements of `size` bytes, or NULL with `array` as it was (out
+   of memory, or at the limit): the caller keeps what it had and reports
+   SN_ERROR_NO_MEMORY or its own fallback. */
+SN_INLINE void *sn__array_grow(void *array, uint32_t cap, uint32_t first, uint32_t limit,
+                               size_t size, uint32_t *new_cap) {
+    uint32_t grown = cap ? cap * 2 : first;
+    void *bigger;
+    if (grown > limit || grown < cap)   /* past the limit, or 2**32 wrapped */
+        return NULL;
+    bigger = realloc(array, (size_t)grown * size);
+    if (bigger != NULL)
+        *new_cap = grown;
+    return bigger;
 }
 
 #endif /* SN_LAYER_H */

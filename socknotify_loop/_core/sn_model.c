@@ -575,14 +575,9 @@ static DWORD model__plain_wait(HANDLE iocp, model_port_t *mp, UINT32 timeoutMs, 
     return ERROR_SUCCESS;
 }
 
-DWORD WINAPI sn_model_process_socket_notifications(
-    HANDLE completionPort,
-    UINT32 registrationCount,
-    SOCK_NOTIFY_REGISTRATION *registrationInfos,
-    UINT32 timeoutMs,
-    ULONG completionCount,
-    OVERLAPPED_ENTRY *completionPortEntries,
-    UINT32 *receivedEntryCount) {
+/* The parameters (completionPort ... receivedEntryCount) are those of
+   SN_PSN_PARAMETERS, sn_win.h. */
+DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS) {
     model_port_t *mp;
     int64_t deadline = 0;
     DWORD rc;

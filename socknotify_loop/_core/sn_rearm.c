@@ -52,12 +52,11 @@
 int sn__recnos_grow_push(uint32_t **recnos, uint32_t *count, uint32_t *cap,
                          uint32_t first_cap, uint32_t recno) {
     if (*count == *cap) {
-        uint32_t new_cap = *cap ? *cap * 2 : first_cap;
-        uint32_t *bigger = realloc(*recnos, (size_t)new_cap * sizeof *bigger);
+        uint32_t *bigger = sn__array_grow(*recnos, *cap, first_cap, UINT32_MAX,
+                                          sizeof *bigger, cap);
         if (bigger == NULL)
             return 0;
         *recnos = bigger;
-        *cap = new_cap;
     }
     (*recnos)[(*count)++] = recno;
     return 1;

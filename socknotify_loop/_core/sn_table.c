@@ -58,18 +58,20 @@
 
 static int sn__records_grow(sn_layer_t *port) {
     uint32_t old_cap = port->records_cap;
-    uint32_t new_cap = old_cap ? old_cap * 2 : 64;
+    uint32_t new_cap = 0;
     sn_record_t *records;
     uint32_t *free_recnos;
     uint32_t i;
 
-    if (new_cap > SN_RECNO_LIMIT)
-        return SN_ERROR_NO_MEMORY;
-    records = realloc(port->records, (size_t)new_cap * sizeof *records);
+    /* Both arrays grow to the same capacity: the free list holds at most
+       every record number. records_cap moves only when both have. */
+    records = sn__array_grow(port->records, old_cap, 64, SN_RECNO_LIMIT,
+                             sizeof *records, &new_cap);
     if (records == NULL)
         return SN_ERROR_NO_MEMORY;
     port->records = records;
-    free_recnos = realloc(port->free_recnos, (size_t)new_cap * sizeof *free_recnos);
+    free_recnos = sn__array_grow(port->free_recnos, old_cap, 64, SN_RECNO_LIMIT,
+                                 sizeof *free_recnos, &new_cap);
     if (free_recnos == NULL)
         return SN_ERROR_NO_MEMORY;
     port->free_recnos = free_recnos;

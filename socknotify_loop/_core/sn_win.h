@@ -79,14 +79,24 @@ typedef struct sn_sock_notify_registration {
     (SOCK_NOTIFY_REGISTER_EVENT_IN | SOCK_NOTIFY_REGISTER_EVENT_OUT | \
      SOCK_NOTIFY_REGISTER_EVENT_HANGUP)
 
-typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(
-    HANDLE completionPort,
-    UINT32 registrationCount,
-    SOCK_NOTIFY_REGISTRATION *registrationInfos,
-    UINT32 timeoutMs,
-    ULONG completionCount,
-    OVERLAPPED_ENTRY *completionPortEntries,
-    UINT32 *receivedEntryCount);
+/* The signature of ProcessSocketNotifications, written once: the OS's
+   function (looked up at run time, sn_iocp_fn.c), the polyfill's
+   (sn_afd.c) and the strict model's (sn_model.c) all have it, so the port
+   code calls any of them through one pointer. SN_PSN_PARAMETERS is the
+   parameter list with the reference page's names; the definitions in
+   sn_afd.c and sn_model.c are written with it too, so the three can never
+   drift apart (the compiler also checks each definition against the
+   declaration here, and each use against the pointer type). */
+#define SN_PSN_PARAMETERS                            \
+    HANDLE completionPort,                           \
+    UINT32 registrationCount,                        \
+    SOCK_NOTIFY_REGISTRATION *registrationInfos,     \
+    UINT32 timeoutMs,                                \
+    ULONG completionCount,                           \
+    OVERLAPPED_ENTRY *completionPortEntries,         \
+    UINT32 *receivedEntryCount
+
+typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(SN_PSN_PARAMETERS);
 
 /* The reserved completion keys (SN_POST_COMPLETION_KEY, SN_AFD_COMPLETION_KEY,
    SN_IO_COMPLETION_KEY, SN_CLOSE_COMPLETION_KEY) live in sn_keys.h, the one
@@ -95,17 +105,10 @@ typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(
 
 /* The polyfill's entry points (sn_afd*.c) are declared in sn_afd.h. */
 
-/* The strict model (sn_model.c): the same signature again, on the
+/* The strict model (sn_model.c): ProcessSocketNotifications on the
    polyfill, with the documented rules enforced. sn_model_port_closed():
    call before sn_afd_port_closed() when such a port closes. */
-DWORD WINAPI sn_model_process_socket_notifications(
-    HANDLE completionPort,
-    UINT32 registrationCount,
-    SOCK_NOTIFY_REGISTRATION *registrationInfos,
-    UINT32 timeoutMs,
-    ULONG completionCount,
-    OVERLAPPED_ENTRY *completionPortEntries,
-    UINT32 *receivedEntryCount);
+DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS);
 void sn_model_port_closed(HANDLE port);
 
 #endif /* _WIN32 */

@@ -23,32 +23,14 @@
 #include "sn_win.h"
 #include "sn_afd.h"
 
+#include "check.h"
+#include "win_sockets.h"
+
 /* The polyfill asserts its poll-state transitions (sn_afd_sock.c); this
    test is where a wrong one must abort, so it is built with them on. */
 #ifdef NDEBUG
 #  error "build the AFD polyfill test without NDEBUG: its asserts are part of the test"
 #endif
-
-static int failures;
-static int checks;
-
-#define CHECK(cond) do { \
-    checks++; \
-    if (!(cond)) { \
-        fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        failures++; \
-    } \
-} while (0)
-
-#define CHECK_EQ(a, b) do { \
-    unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
-    checks++; \
-    if (a_ != b_) { \
-        fprintf(stderr, "%s:%d: CHECK failed: %s == %s (0x%llx != 0x%llx)\n", \
-                __FILE__, __LINE__, #a, #b, a_, b_); \
-        failures++; \
-    } \
-} while (0)
 
 #define ONESHOT (SOCK_NOTIFY_TRIGGER_ONESHOT | SOCK_NOTIFY_TRIGGER_LEVEL)
 #define PERSIST (SOCK_NOTIFY_TRIGGER_PERSISTENT | SOCK_NOTIFY_TRIGGER_LEVEL)
@@ -59,44 +41,6 @@ static int checks;
 #define REMOVE  SOCK_NOTIFY_EVENT_REMOVE
 
 /* ------------------------------------------------------------- plumbing */
-
-static SOCKET listener;
-static struct sockaddr_in listen_addr;
-
-static void set_nonblocking(SOCKET s) {
-    u_long one = 1;
-    ioctlsocket(s, FIONBIO, &one);
-}
-
-static void setup_listener(void) {
-    int len = sizeof listen_addr;
-    listener = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
-    memset(&listen_addr, 0, sizeof listen_addr);
-    listen_addr.sin_family = AF_INET;
-    listen_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(listener, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0 ||
-        getsockname(listener, (struct sockaddr *)&listen_addr, &len) != 0 ||
-        listen(listener, 512) != 0) {
-        fprintf(stderr, "listener setup failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-}
-
-/* A connected TCP pair on loopback; *a is non-blocking. */
-static void make_pair(SOCKET *a, SOCKET *b) {
-    SOCKET c = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
-    if (connect(c, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0) {
-        fprintf(stderr, "connect failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-    *b = accept(listener, NULL, NULL);
-    if (*b == INVALID_SOCKET) {
-        fprintf(stderr, "accept failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-    *a = c;
-    set_nonblocking(*a);
-}
 
 static SOCK_NOTIFY_REGISTRATION reg(SOCKET s, ULONG_PTR key, UINT16 filter, UINT8 op,
                                     UINT8 trigger) {
@@ -195,13 +139,6 @@ static void drain(SOCKET s) {
     while (recv(s, buf, sizeof buf, 0) > 0) {
     }
 }
-
-#define RUN(test) do { \
-    int before = failures; \
-    printf("%-36s", #test); fflush(stdout); \
-    test(); \
-    printf("%s\n", failures == before ? "ok" : "FAILED"); fflush(stdout); \
-} while (0)
 
 /* ---------------------------------------------------------------- tests */
 
@@ -759,7 +696,7 @@ int main(void) {
         fprintf(stderr, "WSAStartup failed\n");
         return 2;
     }
-    setup_listener();
+    setup_listener(512);
     RUN(test_oneshot_level);
     RUN(test_persistent_level);
     RUN(test_out_and_interest_change);

@@ -26,11 +26,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond) do { \
-    if (!(cond)) { fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); failures++; } \
-} while (0)
+#include "check.h"
 
 static sn_registration_t reg(int fd, uint64_t key, uint16_t events, uint8_t op, uint8_t trigger) {
     sn_registration_t r;

@@ -30,13 +30,10 @@
 #  error "build this test with -DSN_CHECK_TRANSITIONS: the refusals are what it checks"
 #endif
 
-static int failures;
+#include "check.h"
+
 static int refused;
 static const char *refused_what;
-
-#define CHECK(cond) do { \
-    if (!(cond)) { fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); failures++; } \
-} while (0)
 
 static void count_refusal(const char *transition, unsigned state) {
     (void)state;

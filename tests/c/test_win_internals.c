@@ -43,33 +43,8 @@
 #include "sn_afd.h"
 #include "sn_afd_ws.h"
 
-static int failures;
-static int checks;
-
-#define CHECK(cond) do { \
-    checks++; \
-    if (!(cond)) { \
-        fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        failures++; \
-    } \
-} while (0)
-
-#define CHECK_EQ(a, b) do { \
-    unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
-    checks++; \
-    if (a_ != b_) { \
-        fprintf(stderr, "%s:%d: CHECK failed: %s == %s (0x%llx != 0x%llx)\n", \
-                __FILE__, __LINE__, #a, #b, a_, b_); \
-        failures++; \
-    } \
-} while (0)
-
-#define RUN(test) do { \
-    int before = failures; \
-    printf("%-36s", #test); fflush(stdout); \
-    test(); \
-    printf("%s\n", failures == before ? "ok" : "FAILED"); fflush(stdout); \
-} while (0)
+#include "check.h"
+#include "win_sockets.h"
 
 /* ------------------------------------------------------- the allocator */
 
@@ -259,38 +234,6 @@ static void test_base_wine(void) {
 
 /* ------------------------------------------------------------- sockets */
 
-static SOCKET listener;
-static struct sockaddr_in listen_addr;
-
-static void setup_listener(void) {
-    int len = sizeof listen_addr;
-    listener = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
-    memset(&listen_addr, 0, sizeof listen_addr);
-    listen_addr.sin_family = AF_INET;
-    listen_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(listener, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0 ||
-        getsockname(listener, (struct sockaddr *)&listen_addr, &len) != 0 ||
-        listen(listener, 64) != 0) {
-        fprintf(stderr, "listener setup failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-}
-
-static void make_pair(SOCKET *a, SOCKET *b) {
-    u_long one = 1;
-    SOCKET c = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
-    if (connect(c, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0) {
-        fprintf(stderr, "connect failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-    *b = accept(listener, NULL, NULL);
-    if (*b == INVALID_SOCKET) {
-        fprintf(stderr, "accept failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-    *a = c;
-    ioctlsocket(*a, FIONBIO, &one);
-}
 
 /* The whole polyfill under a played LSP: the caller registers the layered
    socket (here a real socket `lsp`, whose readiness nobody touches), AFD
@@ -616,7 +559,7 @@ int main(void) {
     }
     real_query = sn_afd_ws_query;
     real_check = sn_afd_ws_check_socket;
-    setup_listener();
+    setup_listener(64);
     RUN(test_base_plain);
     RUN(test_base_lsp_answers_itself);
     RUN(test_base_two_layers);

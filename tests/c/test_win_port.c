@@ -25,71 +25,19 @@
 #include "sn_internal.h"
 #include "sn_win.h"
 
-static int failures;
-static int checks;
-
-#define CHECK(cond) do { \
-    checks++; \
-    if (!(cond)) { \
-        fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        failures++; \
-    } \
-} while (0)
-
-#define CHECK_EQ(a, b) do { \
-    unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
-    checks++; \
-    if (a_ != b_) { \
-        fprintf(stderr, "%s:%d: CHECK failed: %s == %s (0x%llx != 0x%llx)\n", \
-                __FILE__, __LINE__, #a, #b, a_, b_); \
-        failures++; \
-    } \
-} while (0)
-
-#define RUN(test) do { \
-    int before = failures; \
-    printf("%-40s", #test); fflush(stdout); \
-    test(); \
-    printf("%s\n", failures == before ? "ok" : "FAILED"); fflush(stdout); \
-} while (0)
+#define RUN_WIDTH 40
+#include "check.h"
+#include "win_sockets.h"
 
 #define PERSIST (SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL)
 #define ONESHOT (SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL)
 
 /* ------------------------------------------------------------- plumbing */
 
-static SOCKET listener;
-static struct sockaddr_in listen_addr;
-
-static void setup_listener(void) {
-    int len = sizeof listen_addr;
-    listener = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
-    memset(&listen_addr, 0, sizeof listen_addr);
-    listen_addr.sin_family = AF_INET;
-    listen_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(listener, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0 ||
-        getsockname(listener, (struct sockaddr *)&listen_addr, &len) != 0 ||
-        listen(listener, 64) != 0) {
-        fprintf(stderr, "listener setup failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-}
-
-static void make_pair(SOCKET *a, SOCKET *b) {
-    u_long one = 1;
-    SOCKET c = socket(AF_INET, SOCK_STREAM, IPPROTO_TCP);
-    if (connect(c, (struct sockaddr *)&listen_addr, sizeof listen_addr) != 0) {
-        fprintf(stderr, "connect failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-    *b = accept(listener, NULL, NULL);
-    if (*b == INVALID_SOCKET) {
-        fprintf(stderr, "accept failed: %d\n", WSAGetLastError());
-        exit(2);
-    }
-    *a = c;
-    ioctlsocket(*a, FIONBIO, &one);
-    ioctlsocket(*b, FIONBIO, &one);
+/* A connected pair (win_sockets.h), both ends non-blocking. */
+static void make_nonblocking_pair(SOCKET *a, SOCKET *b) {
+    make_pair(a, b);
+    set_nonblocking(*b);
 }
 
 static sn_registration_t reg(SOCKET s, uint64_t key, uint16_t events, uint8_t op,
@@ -132,11 +80,11 @@ static void answer_setup(sn_port_t *port, SOCKET *a, SOCKET *b) {
     int i;
 
     for (i = 0; i < READY; i++) {
-        make_pair(&a[i], &b[i]);
+        make_nonblocking_pair(&a[i], &b[i]);
         send(b[i], "x", 1, 0);
         regs[i] = reg(a[i], 100 + (uint64_t)i, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
     }
-    make_pair(&x, &xpeer);
+    make_nonblocking_pair(&x, &xpeer);
     regs[READY] = reg(x, 1, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
     CHECK_EQ(sn_port_process(port, 0, regs, READY + 1, 0, notes, READY + 1, &got), 0);
     for (i = 0; i <= READY; i++)
@@ -239,7 +187,7 @@ int main(void) {
         printf("strict backend unavailable: %s\n", why);
         return 0;
     }
-    setup_listener();
+    setup_listener(64);
     RUN(test_process_answer_bounded);
     RUN(test_select_answer_bounded);
     closesocket(listener);
