@@ -319,17 +319,8 @@ DWORD WINAPI sn_afd_process_socket_notifications(SN_PSN_PARAMETERS) {
     DWORD error;
     UINT32 i, rounds = 0;
 
-    if (receivedEntryCount != NULL)
-        *receivedEntryCount = 0;
-    if (completionPort == NULL || completionPort == INVALID_HANDLE_VALUE)
-        return ERROR_INVALID_HANDLE;
-    /* PSN's argument rules: no entries means no wait and no outputs. */
-    if ((registrationCount != 0 && registrationInfos == NULL) ||
-        (completionCount == 0 && (timeoutMs != 0 || completionPortEntries != NULL ||
-                                  receivedEntryCount != NULL)) ||
-        (completionCount != 0 && (completionPortEntries == NULL ||
-                                  receivedEntryCount == NULL)))
-        return ERROR_INVALID_PARAMETER;
+    if ((error = sn_psn_check_arguments(SN_PSN_ARGUMENTS)) != 0)
+        return error;
     if ((error = sn_afd_port_get(completionPort, &ap)) != 0)
         return error;
 

@@ -583,16 +583,8 @@ DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS) {
     DWORD rc;
     UINT32 i, rounds = 0;
 
-    if (receivedEntryCount != NULL)
-        *receivedEntryCount = 0;
-    if (completionPort == NULL || completionPort == INVALID_HANDLE_VALUE)
-        return ERROR_INVALID_HANDLE;
-    if ((registrationCount != 0 && registrationInfos == NULL) ||
-        (completionCount == 0 && (timeoutMs != 0 || completionPortEntries != NULL ||
-                                  receivedEntryCount != NULL)) ||
-        (completionCount != 0 && (completionPortEntries == NULL ||
-                                  receivedEntryCount == NULL)))
-        return ERROR_INVALID_PARAMETER;
+    if ((rc = sn_psn_check_arguments(SN_PSN_ARGUMENTS)) != 0)
+        return rc;
 
     AcquireSRWLockExclusive(&model__lock);
     mp = model__port(completionPort, 1);

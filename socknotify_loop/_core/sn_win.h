@@ -98,6 +98,30 @@ typedef struct sn_sock_notify_registration {
 
 typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(SN_PSN_PARAMETERS);
 
+/* The argument rules of ProcessSocketNotifications' reference page, checked
+   first by both of our implementations of it (the polyfill's and the strict
+   model's): the received count is zeroed before anything can fail, a port
+   handle that cannot be one is ERROR_INVALID_HANDLE, and no entries means no
+   wait and no outputs (ERROR_INVALID_PARAMETER otherwise). SN_PSN_ARGUMENTS
+   passes a definition's own parameters through. Returns 0 when the call may
+   go on. */
+#define SN_PSN_ARGUMENTS completionPort, registrationCount, registrationInfos, \
+    timeoutMs, completionCount, completionPortEntries, receivedEntryCount
+
+static inline DWORD sn_psn_check_arguments(SN_PSN_PARAMETERS) {
+    if (receivedEntryCount != NULL)
+        *receivedEntryCount = 0;
+    if (completionPort == NULL || completionPort == INVALID_HANDLE_VALUE)
+        return ERROR_INVALID_HANDLE;
+    if ((registrationCount != 0 && registrationInfos == NULL) ||
+        (completionCount == 0 && (timeoutMs != 0 || completionPortEntries != NULL ||
+                                  receivedEntryCount != NULL)) ||
+        (completionCount != 0 && (completionPortEntries == NULL ||
+                                  receivedEntryCount == NULL)))
+        return ERROR_INVALID_PARAMETER;
+    return 0;
+}
+
 /* The reserved completion keys (SN_POST_COMPLETION_KEY, SN_AFD_COMPLETION_KEY,
    SN_IO_COMPLETION_KEY, SN_CLOSE_COMPLETION_KEY) live in sn_keys.h, the one
    table of them. */
