@@ -640,7 +640,8 @@ class _TestTransports:
             server = await self.loop.create_server(Echo, LOCALHOST, 0, backlog=batch)
             port = server.sockets[0].getsockname()[1]
             for start in range(0, total, batch):
-                await asyncio.gather(*(one(port, i) for i in range(start, min(total, start + batch))))
+                stop = min(total, start + batch)
+                await asyncio.gather(*(one(port, i) for i in range(start, stop)))
             server.close()
             await server.wait_closed()
 
