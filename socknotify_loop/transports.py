@@ -15,12 +15,16 @@ the paths that run per event for this loop. The choices, and why:
   Here :meth:`SocketTransport.set_protocol` picks the path and, when the kind
   of protocol changes while reading, registers the other one (``start_tls``
   swaps a ``Protocol`` for asyncio's ``SSLProtocol``, a ``BufferedProtocol``).
-- The write path tests the plain case first: a ``bytes`` object (one type
-  test, where ``isinstance`` against three types is a call), an empty
-  buffer, no end of file, no sendfile in progress, no lost connection; then
-  one ``send``, and a full send returns at once. The rarer cases (other
-  buffer types, errors, a non-empty buffer) go to :meth:`_write_slow`, which
-  keeps asyncio's order of checks and errors.
+- The write path tests the plain case first: one flag, ``_can_send``, says
+  that nothing is buffered, no end of file was written, no sendfile is in
+  progress and the connection is not lost (it is recomputed where any of
+  those changes, all off the hot path: four tests per write cost about 550
+  instructions per Protocol round trip on 3.11, the flag a tenth of it);
+  then a non-empty ``bytes`` object (one type test, where ``isinstance``
+  against three types is a call); then one ``send``, and a full send
+  returns at once. The rarer cases (other buffer types, errors, a
+  non-empty buffer) go to :meth:`_write_slow`, which keeps asyncio's order
+  of checks and errors.
 - The write buffer is one ``bytearray``: a partial send keeps only what is
   left, deleting from its front is cheap in CPython (the array moves its
   start, not its bytes), and ``get_write_buffer_size`` is ``len``.
@@ -126,6 +130,8 @@ class _Common:
 
     # Read by __del__ and __repr__ even when __init__ failed early.
     _sock: socket.socket | None = None
+    # write() may send at once (SocketTransport keeps it current).
+    _can_send = False
     _extra: dict[str, Any]
     _loop: Any
     _protocol: Any
@@ -199,6 +205,9 @@ class _Common:
     def _reader(self) -> Any:
         raise NotImplementedError
 
+    def _update_can_send(self) -> None:
+        """Recompute ``_can_send`` after a change of the state it sums up."""
+
     def __repr__(self) -> str:
         info = [type(self).__name__]
         if self._sock is None:
@@ -256,6 +265,7 @@ class _Common:
         self._loop._remove_reader(self._sock_fd)
         if not self._buffer:
             self._conn_lost += 1
+            self._update_can_send()
             self._loop._remove_writer(self._sock_fd)
             self._call_soon(self._call_connection_lost, None)
 
@@ -294,6 +304,7 @@ class _Common:
             self._closing = True
             self._loop._remove_reader(self._sock_fd)
         self._conn_lost += 1
+        self._update_can_send()
         self._call_soon(self._call_connection_lost, exc)
 
     def _after_buffer_cleared(self) -> None:
@@ -388,11 +399,16 @@ class SocketTransport(_Common, asyncio.Transport):
         self._buffer = bytearray()
         self._eof = False
         self._empty_waiter: asyncio.Future[None] | None = None
+        self._can_send = True
         _set_nodelay(sock)
         self._start(waiter)
 
     def _reader(self) -> Any:
         return self._read_into if self._buffered else self._read
+
+    def _update_can_send(self) -> None:
+        self._can_send = not (self._buffer or self._eof or self._conn_lost
+                              or self._empty_waiter is not None)
 
     def set_protocol(self, protocol: Any) -> None:
         buffered = isinstance(protocol, asyncio.BufferedProtocol)
@@ -490,8 +506,7 @@ class SocketTransport(_Common, asyncio.Transport):
 
     def write(self, data: Any) -> None:
         """Send ``data`` now as far as the socket takes it, buffer the rest."""
-        if (type(data) is not bytes or self._buffer or self._eof or self._conn_lost
-                or self._empty_waiter is not None or not data):
+        if not self._can_send or type(data) is not bytes or not data:
             self._write_slow(data)
             return
         try:
@@ -510,6 +525,7 @@ class SocketTransport(_Common, asyncio.Transport):
         """What a direct send left: into the buffer, sent when writable."""
         self._add_writer(self._write_ready)
         self._buffer.extend(memoryview(data)[n:])
+        self._can_send = False
         self._maybe_pause_protocol()
 
     def _write_slow(self, data: Any) -> None:
@@ -529,6 +545,7 @@ class SocketTransport(_Common, asyncio.Transport):
             if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
                 logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
+            self._can_send = False
             return
         if self._buffer:
             self._buffer.extend(data)
@@ -576,6 +593,7 @@ class SocketTransport(_Common, asyncio.Transport):
             del buffer[:n]
         self._maybe_resume_protocol()  # may write more
         if not buffer:
+            self._update_can_send()
             self._loop._remove_writer(self._sock_fd)
             if self._empty_waiter is not None:
                 self._empty_waiter.set_result(None)
@@ -583,6 +601,7 @@ class SocketTransport(_Common, asyncio.Transport):
                 # close() with data buffered: the data is out, now close.
                 if not self._conn_lost:
                     self._conn_lost += 1
+                    self._can_send = False
                     self._call_connection_lost(None)
             elif self._eof:
                 self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
@@ -592,6 +611,7 @@ class SocketTransport(_Common, asyncio.Transport):
         if self._closing or self._eof:
             return
         self._eof = True
+        self._can_send = False
         if not self._buffer:
             self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
 
@@ -613,12 +633,14 @@ class SocketTransport(_Common, asyncio.Transport):
         if self._empty_waiter is not None:
             raise RuntimeError("Empty waiter is already set")
         self._empty_waiter = self._loop.create_future()
+        self._can_send = False
         if not self._buffer:
             self._empty_waiter.set_result(None)
         return self._empty_waiter
 
     def _reset_empty_waiter(self) -> None:
         self._empty_waiter = None
+        self._update_can_send()
 
 
 class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
@@ -673,10 +695,12 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
             raise TypeError(_DATAGRAM_TYPE_MESSAGE.format(type(data).__name__))
         if not data and not _SEND_EMPTY_DATAGRAM:
             return
-        if self._address:
-            if addr not in (None, self._address):
-                raise ValueError(f"Invalid address: must be None or {self._address}")
-            addr = self._address
+        address = self._address
+        if address:
+            # Not `addr not in (None, address)`: that builds a tuple per call.
+            if addr is not None and addr is not address and addr != address:
+                raise ValueError(f"Invalid address: must be None or {address}")
+            addr = address
         if self._conn_lost and self._address:
             if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
                 logger.warning("socket.send() raised exception.")
