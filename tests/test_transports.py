@@ -33,6 +33,9 @@ LOCALHOST = "127.0.0.1"
 # More than any socket buffer on loopback takes at once (Linux autotunes
 # its buffers up to a few MiB), so that writes are left in the transport.
 BIG = 16 * 1024 * 1024
+# SO_LINGER on, with a zero timeout: close() resets the connection. Winsock's
+# struct linger has two u_short members, POSIX's two ints.
+LINGER_OFF = struct.pack("HH" if sys.platform == "win32" else "ii", 1, 0)
 
 
 def pattern(size: int, seed: int = 0) -> bytes:
@@ -128,7 +131,7 @@ class _TestTransports:
             self.assertGreater(client.transport.get_write_buffer_size(), 0)
             # The peer goes away with a reset (linger 0), data unread.
             sock = peer.transport.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_OFF)
             peer.transport.abort()
             exc = await client.lost
             self.assertIsInstance(exc, OSError)
