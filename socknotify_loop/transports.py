@@ -315,8 +315,7 @@ class _Common:
             if self._protocol_connected:
                 self._protocol.connection_lost(exc)
         finally:
-            assert self._sock is not None
-            self._sock.close()
+            self._sock.close()  # type: ignore[union-attr]  # once: _conn_lost guards
             self._sock = None
             self._protocol = None
             self._loop = None
@@ -416,15 +415,18 @@ class SocketTransport(_Common, asyncio.Transport):
         self._buffered = buffered
         super().set_protocol(protocol)
         if switch and self._sock is not None:
-            # A reader registered for the other kind of protocol is replaced
-            # (asyncio reaches the right path through one more call per
-            # event; here the registration itself is the path).
+            # This transport's reader, registered for the other kind of
+            # protocol, is replaced (asyncio reaches the right path through
+            # one more call per event; here the registration itself is the
+            # path). Only its own: before reading starts the socket's
+            # registration, if any, is not the transport's.
             try:
                 key = self._loop._selector.get_key(self._sock_fd)
             except (KeyError, ValueError, AttributeError):
                 return
             reader = key.data[0]
-            if reader is not None and not reader._cancelled:
+            if (reader is not None and not reader._cancelled
+                    and reader._callback in (self._read, self._read_into)):
                 self._add_reader(self._reader())
 
     # -- reading -----------------------------------------------------------
