@@ -405,6 +405,13 @@ class SocketTransport(_Common, asyncio.Transport):
     def _reader(self) -> Any:
         return self._read_into if self._buffered else self._read
 
+    @property
+    def _read_ready_cb(self) -> Any:
+        """What asyncio's transport names its read path for the protocol's
+        kind, None once closing (Python 3.13's close() clears it; CPython's
+        test_ssl reads it to tell a closed transport)."""
+        return None if self._closing else self._reader()
+
     def _update_can_send(self) -> None:
         self._can_send = not (self._buffer or self._eof or self._conn_lost
                               or self._empty_waiter is not None)
