@@ -5,7 +5,9 @@ the standard library is imported at module level; each peer is imported
 when asked for, and a missing one is reported, not fatal.
 
 Names: ``asyncio`` (the platform default), ``asyncio-aa`` (the same loop
-again, the A/A control), ``uvloop``, ``trio`` and ``socknotify`` on Linux;
+again, the A/A control), ``uvloop``, ``trio``, ``socknotify`` and
+``socknotify-asyncio-transports`` (the loop on asyncio's own socket
+transports, ``Loop(transports="asyncio")``, beside its own) on Linux;
 ``proactor``, ``winselector``, ``winloop`` and ``socknotify-<backend>``
 (``afd``, ``psn``: ``NotifySelector(backend=...)``) on Windows.
 """
@@ -14,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import sys
 
-LINUX_LOOPS = ["asyncio", "asyncio-aa", "uvloop", "trio", "socknotify"]
+LINUX_LOOPS = ["asyncio", "asyncio-aa", "uvloop", "trio", "socknotify",
+               "socknotify-asyncio-transports"]
 WINDOWS_LOOPS = ["proactor", "proactor-aa", "winselector", "winloop", "socknotify-psn",
                  "socknotify-afd"]
 #: the A/A controls: a reference loop measured again under another name, so
 #: control / reference shows, in every run, how far "equal" strays (noise)
 CONTROLS = {"asyncio-aa": "asyncio", "proactor-aa": "proactor"}
-OURS = ("socknotify", "socknotify-psn", "socknotify-afd")
+OURS = ("socknotify", "socknotify-psn", "socknotify-afd", "socknotify-asyncio-transports")
+#: the suffix of a name of ours that runs the loop on asyncio's transports
+ASYNCIO_TRANSPORTS = "-asyncio-transports"
 #: the loops every ratio of a platform's section is taken against
 REFERENCES = {"linux": ["asyncio"], "wine": ["proactor", "winselector"],
               "windows": ["proactor", "winselector"]}
@@ -45,11 +50,13 @@ def loop_factory(name: str):
     if name in OURS:
         import socknotify_loop
         backend = backend_of_name(name)
+        transports = transports_of_name(name)
 
         def make():
             # The backend is asked of the selector by name: the port raises
             # when it is unavailable, never falls back to another one.
-            return socknotify_loop.Loop(socknotify_loop.NotifySelector(backend=backend))
+            return socknotify_loop.Loop(socknotify_loop.NotifySelector(backend=backend),
+                                        transports=transports)
         return make
     raise ValueError(f"unknown loop {name!r}")
 
@@ -57,7 +64,15 @@ def loop_factory(name: str):
 def backend_of_name(name: str):
     """The backend a loop name asks for (``socknotify-afd`` -> ``afd``), or
     None for ``socknotify``: the best one available (epoll on Linux)."""
+    if name.endswith(ASYNCIO_TRANSPORTS):
+        name = name[:-len(ASYNCIO_TRANSPORTS)]
     return name.partition("-")[2] or None
+
+
+def transports_of_name(name: str) -> str:
+    """Whose socket transports a loop name of ours asks for: ``asyncio``
+    for ``...-asyncio-transports``, else the loop's own."""
+    return "asyncio" if name.endswith(ASYNCIO_TRANSPORTS) else "own"
 
 
 def describe(name: str) -> dict:

@@ -17,6 +17,7 @@ LABELS = {
     "socknotify": "ours (epoll)",
     "proactor": "Proactor", "winselector": "WinSelector", "winloop": "winloop",
     "socknotify-afd": "ours (afd)", "socknotify-psn": "ours (psn)",
+    "socknotify-asyncio-transports": "ours, asyncio's transports",
 }
 SHORT_CASES = {
     "pingpong_streams": "streams", "pingpong_protocol": "protocol", "pingpong_sock": "sock_*",

@@ -12,6 +12,7 @@ LOOP_LABELS = {
     "proactor-aa": "Proactor again (A/A)", "uvloop": "uvloop", "trio": "trio",
     "socknotify": "ours (epoll)", "proactor": "Proactor", "winselector": "WinSelector",
     "winloop": "winloop", "socknotify-afd": "ours (afd)", "socknotify-psn": "ours (psn)",
+    "socknotify-asyncio-transports": "ours, asyncio's transports",
 }
 CASE_LABELS = {
     "pingpong_streams": "ping-pong, streams (100 B)",

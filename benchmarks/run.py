@@ -167,7 +167,7 @@ def run_linux(options, cfg, progress) -> dict | None:
         or "instructions" in asked
     if not loops or not (cases or want_syscalls or want_instructions or want_kernel_calls):
         return None
-    if "socknotify" in loops and not options.installed:
+    if any(name in OURS for name in loops) and not options.installed:
         ensure_inplace_build(log)
     platform = linux_platform(options.cpu, options.installed)
     log(f"Linux: loops {', '.join(loops)}; {options.rounds} rounds, "

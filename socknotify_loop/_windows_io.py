@@ -241,8 +241,9 @@ class WindowsLoop(Loop):
     _wakeup_posted = False
     _csock: socket.socket | None
 
-    def __init__(self, selector: NotifySelector | None = None) -> None:
-        super().__init__(selector)
+    def __init__(self, selector: NotifySelector | None = None, *,
+                 transports: str | None = None) -> None:
+        super().__init__(selector, transports=transports)
         proactor = PortProactor(self._selector)
         proactor.set_loop(self)
         self._proactor = proactor

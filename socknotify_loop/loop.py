@@ -41,13 +41,15 @@ import contextvars
 import heapq
 import inspect
 import math
+import os
 import sys
 import time as _time
-from asyncio import base_events, events, format_helpers
+from asyncio import base_events, events, format_helpers, sslproto
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .selector import NotifySelector
+from .transports import DatagramTransport, SocketTransport, sendfile_fallback
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from typing_extensions import TypeVarTuple, Unpack
@@ -67,6 +69,7 @@ _PlainTimerHandle: Any = events.TimerHandle
 _heappop = heapq.heappop
 # asyncio's private constants and helpers, which typeshed does not declare.
 _base_events: Any = base_events
+_sslproto: Any = sslproto
 # A float: the iteration compares float timeouts with it, and Python
 # specialises float-to-float comparisons only.
 _MAXIMUM_SELECT_TIMEOUT: float = float(_base_events.MAXIMUM_SELECT_TIMEOUT)
@@ -113,6 +116,23 @@ def _callback_failed(handle: Any, exc: BaseException) -> None:
 
 __all__ = ["Loop"]
 
+#: The environment variable that picks the transports when a loop is made
+#: without ``transports=``: ``own`` (the default) or ``asyncio``.
+TRANSPORTS_ENV = "SOCKNOTIFY_TRANSPORTS"
+_TRANSPORT_KINDS = ("own", "asyncio")
+
+
+def _transports_choice(transports: str | None) -> str:
+    """``transports`` if given, else the environment's choice, else own."""
+    if transports is None:
+        transports = os.environ.get(TRANSPORTS_ENV) or "own"
+        where = f"{TRANSPORTS_ENV}={transports!r}"
+    else:
+        where = f"transports={transports!r}"
+    if transports not in _TRANSPORT_KINDS:
+        raise ValueError(f"{where}: expected 'own' or 'asyncio'")
+    return transports
+
 
 class Loop(asyncio.SelectorEventLoop):
     """An asyncio event loop on socket state notifications.
@@ -143,7 +163,16 @@ class Loop(asyncio.SelectorEventLoop):
     _csock: Any
     _internal_fds: int
 
-    def __init__(self, selector: NotifySelector | None = None) -> None:
+    def __init__(self, selector: NotifySelector | None = None, *,
+                 transports: str | None = None) -> None:
+        try:
+            own = _transports_choice(transports) == "own"
+        except BaseException:
+            self._closed = True   # as below: nothing for __del__ to report
+            raise
+        #: The socket transports are the loop's own (socknotify_loop.transports)
+        #: or asyncio's (``transports="asyncio"``).
+        self._own_transports = own
         if selector is None:
             try:
                 selector = NotifySelector()
@@ -208,6 +237,96 @@ class Loop(asyncio.SelectorEventLoop):
     def backend(self) -> str:
         """The notification backend: ``'epoll'``, ``'psn'`` or ``'afd'``."""
         return self._selector.backend
+
+    @property
+    def transports(self) -> str:
+        """Whose socket transports the loop makes: ``'own'`` or ``'asyncio'``."""
+        return "own" if self._own_transports else "asyncio"
+
+    # The transports. asyncio's loop makes its socket transports through
+    # these factory methods; with the loop's own transports they make
+    # socknotify_loop.transports' classes instead, with the same arguments.
+    # Python 3.15 passes the connection's contextvars context (``context``),
+    # which earlier versions do not know: it is passed on only when given.
+
+    def _make_socket_transport(self, sock: Any, protocol: Any, waiter: Any = None, *,
+                               extra: Any = None, server: Any = None,
+                               context: Any = None) -> Any:
+        if not self._own_transports:
+            more = {} if context is None else {"context": context}
+            return super()._make_socket_transport(  # type: ignore[misc]  # asyncio's, not in typeshed
+                sock, protocol, waiter, extra=extra, server=server, **more)
+        self._ensure_fd_no_transport(sock)  # type: ignore[attr-defined]
+        return SocketTransport(self, sock, protocol, waiter, extra, server, context)
+
+    def _make_datagram_transport(self, sock: Any, protocol: Any, address: Any = None,
+                                 waiter: Any = None, extra: Any = None) -> Any:
+        if not self._own_transports:
+            return super()._make_datagram_transport(  # type: ignore[misc]
+                sock, protocol, address, waiter, extra)
+        self._ensure_fd_no_transport(sock)  # type: ignore[attr-defined]
+        return DatagramTransport(self, sock, protocol, address, waiter, extra)
+
+    def _make_ssl_transport(self, rawsock: Any, protocol: Any, sslcontext: Any,
+                            waiter: Any = None, *, server_side: bool = False,
+                            server_hostname: Any = None, extra: Any = None,
+                            server: Any = None, context: Any = None,
+                            **timeouts: Any) -> Any:
+        """asyncio's SSLProtocol on the loop's own stream transport, as
+        asyncio builds it on its own. ``timeouts``: the handshake (and, from
+        Python 3.11, shutdown) timeouts, passed only when asyncio passes
+        them, so that each version's SSLProtocol gets what it knows."""
+        if not self._own_transports:
+            more = dict(timeouts)
+            if context is not None:
+                more["context"] = context
+            return super()._make_ssl_transport(  # type: ignore[misc]
+                rawsock, protocol, sslcontext, waiter, server_side=server_side,
+                server_hostname=server_hostname, extra=extra, server=server, **more)
+        self._ensure_fd_no_transport(rawsock)  # type: ignore[attr-defined]
+        ssl_protocol = _sslproto.SSLProtocol(
+            self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts)
+        SocketTransport(self, rawsock, ssl_protocol, extra=extra, server=server,
+                        context=context)
+        return ssl_protocol._app_transport
+
+    async def _sendfile_native(self, transp: Any, file: Any, offset: int,
+                               count: int | None) -> int:
+        """``loop.sendfile`` on the loop's own stream transport: the socket's
+        own sendfile (os.sendfile where asyncio has it), once the buffered
+        writes are out and with reading paused, as asyncio's selector loop
+        does for its transports. Where the native call is not available,
+        ``sock_sendfile(fallback=False)`` raises SendfileNotAvailableError
+        and ``loop.sendfile`` falls back to reads and writes, as asyncio's."""
+        if not isinstance(transp, SocketTransport):
+            return await super()._sendfile_native(  # type: ignore[misc, no-any-return]
+                transp, file, offset, count)
+        transports: Any = self._transports  # type: ignore[attr-defined]
+        sock: Any = transp._sock   # None once closed: sock_sendfile raises then
+        # While the socket is lent to sock_sendfile, it is not the
+        # transport's (sock_sendfile refuses a socket a transport holds).
+        del transports[transp._sock_fd]
+        resume_reading = transp.is_reading()
+        transp.pause_reading()
+        await transp._make_empty_waiter()
+        try:
+            return await self.sock_sendfile(sock, file, offset, count,
+                                            fallback=False)
+        finally:
+            transp._reset_empty_waiter()
+            if resume_reading:
+                transp.resume_reading()
+            transports[transp._sock_fd] = transp
+
+    async def _sendfile_fallback(self, transp: Any, file: Any, offset: int,
+                                 count: int | None) -> int:
+        """``loop.sendfile`` by reads and writes: asyncio's helper protocol
+        accepts only asyncio's own transports, so the loop's own stream
+        transport has one of its own (socknotify_loop.transports)."""
+        if not isinstance(transp, SocketTransport):
+            return await super()._sendfile_fallback(  # type: ignore[misc, no-any-return]
+                transp, file, offset, count)
+        return await sendfile_fallback(self, transp, file, offset, count)
 
     if _FAST_PATH:
         # asyncio's time() is `return time.monotonic()` (checked by

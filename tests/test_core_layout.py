@@ -132,6 +132,7 @@ LAYERS = (
     ("_factory", "probe"),          # which Loop class; the OS probe
     ("_windows_io",),               # WindowsLoop(Loop)
     ("loop",),
+    ("transports",),
     ("selector",),
     ("port",),
     ("_backends", "_core_import", "_version", "_build"),

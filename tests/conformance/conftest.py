@@ -25,7 +25,7 @@ _created = {}   # module name -> number of our loops created by its tests
 
 
 def _load_exclusions():
-    """Lines: ``<pattern> [py<=X.Y|py>=X.Y|win32|linux ...] # reason``."""
+    """Lines: ``<pattern> [py<=X.Y|py>=X.Y|win32|linux|backend=B|transports=T ...] # reason``."""
     entries = []
     with open(os.path.join(HERE, "exclusions.txt"), encoding="utf-8") as f:
         for number, raw in enumerate(f, 1):
@@ -51,6 +51,11 @@ def _applies(conditions) -> bool:
                 return False
         elif condition.startswith("py>="):
             if version < tuple(int(x) for x in condition[4:].split(".")):
+                return False
+        elif condition.startswith("transports="):
+            # The loop's socket transports (Loop(transports=...)): its own
+            # unless SOCKNOTIFY_TRANSPORTS says asyncio's.
+            if (os.environ.get("SOCKNOTIFY_TRANSPORTS") or "own") != condition[11:]:
                 return False
         elif condition.startswith("backend="):
             from socknotify_loop.port import backend_info

@@ -1,0 +1,865 @@
+"""The loop's own socket transports: a stream transport and a datagram transport.
+
+asyncio's ``SelectorEventLoop`` serves every connection through its private
+``_SelectorSocketTransport`` and ``_SelectorDatagramTransport``. Their
+behaviour is the contract programs rely on; their code is written for any
+selector and any Python, and pays for that on every event. This module keeps
+the behaviour (the public ``asyncio.Transport`` / ``asyncio.DatagramTransport``
+interfaces, flow control both ways, half-close, ``BufferedProtocol``, the
+exception handler's context, the ``repr``, ``ResourceWarning``) and writes
+the paths that run per event for this loop. The choices, and why:
+
+- The read callback registered with the loop is the read path itself.
+  asyncio registers ``_read_ready``, which calls ``_read_ready_cb``, which is
+  the Protocol or the BufferedProtocol path: two Python frames per event.
+  Here :meth:`SocketTransport.set_protocol` picks the path and, when the kind
+  of protocol changes while reading, registers the other one (``start_tls``
+  swaps a ``Protocol`` for asyncio's ``SSLProtocol``, a ``BufferedProtocol``).
+- The write path tests the plain case first: one flag, ``_can_send``, says
+  that nothing is buffered, no end of file was written, no sendfile is in
+  progress and the connection is not lost (it is recomputed where any of
+  those changes, all off the hot path; under callgrind on 3.11 the four
+  tests it replaces cost about 550 instructions per Protocol round trip,
+  and with the flag the round trip went from 27,030 to 26,361);
+  then a non-empty ``bytes`` object (one type test, where ``isinstance``
+  against three types is a call); then one ``send``, and a full send
+  returns at once. The rarer cases (other buffer types, errors, a
+  non-empty buffer) go to :meth:`_write_slow`, which keeps asyncio's order
+  of checks and errors.
+- The write buffer is one ``bytearray``: a partial send keeps only what is
+  left, deleting from its front is cheap in CPython (the array moves its
+  start, not its bytes), and ``get_write_buffer_size`` is ``len``.
+  (asyncio 3.12+ keeps a deque of memoryviews of the caller's objects; a
+  copy here means a ``bytearray`` changed after ``write`` cannot change what
+  is sent, as in asyncio up to 3.11.)
+- State lives in plain instance attributes (CPython specialises their reads)
+  with asyncio's names where programs are known to read them (``_sock``,
+  ``_sock_fd``, ``_protocol``, ``_loop``, ``_closing``, ``_paused``,
+  ``_buffer``, ``_conn_lost``, ``_server``, ``_eof``, ``_empty_waiter``);
+  ``max_size`` is an instance attribute (a class attribute read through an
+  instance is not specialised on 3.11).
+- Each ready event still runs as an asyncio ``Handle``. A registration
+  whose reader was an object of the transport's own, run without a handle,
+  was considered: the iteration runs such an object through its ``_run()``.
+  But asyncio runs a transport's protocol callbacks in the ``contextvars``
+  context copied when reading began (Python 3.15 passes it explicitly), so
+  that object would still enter a context per event: the one step it would
+  save is the iteration's test of the handle's arguments, a few bytecodes,
+  and the registration rules of docs/design.md ("A registration's life")
+  would have a second kind of reader to cover. The plain ``Handle`` is run
+  inline by :meth:`socknotify_loop.loop.Loop._run_once`, which is already
+  one call frame less than asyncio's ``Handle._run``.
+
+Everything here is portable: the transports use the loop's ``_add_reader``,
+``_add_writer``, ``_remove_reader`` and ``_remove_writer`` and the socket's
+own methods, the same on every platform and backend.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import socket
+import sys
+import warnings
+from asyncio import base_events, constants, trsock
+from typing import Any
+
+__all__ = ["SocketTransport", "DatagramTransport"]
+
+logger = logging.getLogger("asyncio")
+
+# asyncio's private names this module needs, which typeshed does not declare.
+_constants: Any = constants
+_base_events: Any = base_events
+_LOG_THRESHOLD_FOR_CONNLOST_WRITES: int = _constants.LOG_THRESHOLD_FOR_CONNLOST_WRITES
+_SENDFILE_TRY_NATIVE: Any = _constants._SendfileMode.TRY_NATIVE
+_TransportSocket: Any = trsock.TransportSocket
+
+#: Bytes asked of one recv(): asyncio's figure, so that a read drains as much.
+_MAX_SIZE = 256 * 1024
+
+# Python 3.13 made a server track its transports: Server._attach and
+# _detach take the transport (they took nothing before), and an unclosed
+# transport detaches itself when collected. Asked of the signature, not the
+# version, so that a backport is followed too.
+_ATTACH_TAKES_TRANSPORT = len(inspect.signature(_base_events.Server._attach).parameters) > 1
+# Python 3.13 sends an empty datagram (it returned without sending before)
+# and counts 8 bytes of header per buffered datagram.
+_SEND_EMPTY_DATAGRAM = sys.version_info >= (3, 13)
+_DATAGRAM_HEADER = 8 if sys.version_info >= (3, 13) else 0
+# Python 3.14 words the stream write's TypeError differently.
+if sys.version_info >= (3, 14):
+    _WRITE_TYPE_MESSAGE = "data argument must be a bytes, bytearray, or memoryview object, not {!r}"
+else:
+    _WRITE_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
+_DATAGRAM_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
+
+
+def _set_nodelay(sock: socket.socket) -> None:
+    """TCP_NODELAY on a TCP socket, as asyncio sets it: small writes go out
+    without waiting for the peer's acknowledgement of the last ones."""
+    if (sock.family in (socket.AF_INET, socket.AF_INET6)
+            and sock.type == socket.SOCK_STREAM
+            and sock.proto == socket.IPPROTO_TCP):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _polling(loop: Any, fd: int, event: int) -> bool:
+    """Whether the loop's selector watches ``fd`` for ``event`` (for repr)."""
+    try:
+        key = loop._selector.get_key(fd)
+    except KeyError:
+        return False
+    return bool(key.events & event)
+
+
+def _set_result_unless_cancelled(waiter: asyncio.Future[None]) -> None:
+    """Wake ``waiter`` unless its owner gave up on it."""
+    if not waiter.cancelled():
+        waiter.set_result(None)
+
+
+class _Common:
+    """What both transports share: their state, closing, errors, flow control
+    of writes, ``get_extra_info``, ``repr`` and ``ResourceWarning``.
+
+    A mixin placed before asyncio's public base class, which brings the
+    ``_extra`` slot and ``get_extra_info``.
+    """
+
+    # Read by __del__ and __repr__ even when __init__ failed early.
+    _sock: socket.socket | None = None
+    # write() may send at once (SocketTransport keeps it current).
+    _can_send = False
+    _extra: dict[str, Any]
+    _loop: Any
+    _protocol: Any
+    _buffer: Any
+
+    def _setup(self, loop: Any, sock: socket.socket, protocol: Any,
+               extra: dict[str, Any] | None, server: Any, context: Any) -> None:
+        self._extra = {} if extra is None else extra
+        self._extra["socket"] = _TransportSocket(sock)
+        try:
+            self._extra["sockname"] = sock.getsockname()
+        except OSError:
+            self._extra["sockname"] = None
+        if "peername" not in self._extra:
+            try:
+                self._extra["peername"] = sock.getpeername()
+            except OSError:
+                self._extra["peername"] = None
+        self._loop = loop
+        self._sock = sock
+        self._sock_fd = sock.fileno()
+        self._context = context
+        self.max_size = _MAX_SIZE
+        self._protocol_connected = False
+        self._server = server
+        self._conn_lost = 0    # counts writes after the connection was lost
+        self._closing = False
+        self._paused = False   # reading paused by pause_reading()
+        # Flow control of writes (asyncio's defaults: 64 KiB high, a
+        # quarter of it low).
+        self._protocol_paused = False
+        self._high_water = 64 * 1024
+        self._low_water = 16 * 1024
+        if server is not None:
+            if _ATTACH_TAKES_TRANSPORT:
+                server._attach(self)
+            else:
+                server._attach()
+        loop._transports[self._sock_fd] = self
+
+    def _call_soon(self, callback: Any, *args: Any) -> None:
+        if self._context is None:
+            self._loop.call_soon(callback, *args)
+        else:
+            self._loop.call_soon(callback, *args, context=self._context)
+
+    def _add_reader(self, callback: Any) -> None:
+        if self._context is None:
+            self._loop._add_reader(self._sock_fd, callback)
+        else:
+            self._loop._add_reader(self._sock_fd, callback, context=self._context)
+
+    def _add_writer(self, callback: Any) -> None:
+        if self._context is None:
+            self._loop._add_writer(self._sock_fd, callback)
+        else:
+            self._loop._add_writer(self._sock_fd, callback, context=self._context)
+
+    def _start(self, waiter: asyncio.Future[None] | None) -> None:
+        """connection_made, then reading, then the waiter, each as a callback
+        of its own (asyncio's order: reading starts once connection_made ran)."""
+        self._call_soon(self._protocol.connection_made, self)
+        self._call_soon(self._start_reading)
+        if waiter is not None:
+            self._call_soon(_set_result_unless_cancelled, waiter)
+
+    def _start_reading(self) -> None:
+        if not self._closing and not self._paused:
+            self._add_reader(self._reader())
+
+    def _reader(self) -> Any:
+        raise NotImplementedError
+
+    def _update_can_send(self) -> None:
+        """Recompute ``_can_send`` after a change of the state it sums up."""
+
+    def __repr__(self) -> str:
+        info = [type(self).__name__]
+        if self._sock is None:
+            info.append("closed")
+        elif self._closing:
+            info.append("closing")
+        info.append(f"fd={getattr(self, '_sock_fd', None)}")
+        loop = getattr(self, "_loop", None)
+        if loop is not None and not loop.is_closed():
+            fd = self._sock_fd
+            info.append("read=polling" if _polling(loop, fd, 1) else "read=idle")
+            state = "polling" if _polling(loop, fd, 2) else "idle"
+            info.append(f"write=<{state}, bufsize={self.get_write_buffer_size()}>")
+        return "<{}>".format(" ".join(info))
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._buffer)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def set_protocol(self, protocol: Any) -> None:
+        self._protocol = protocol
+        self._protocol_connected = True
+
+    def get_protocol(self) -> Any:
+        return self._protocol
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def is_reading(self) -> bool:
+        return not self._closing and not self._paused
+
+    def pause_reading(self) -> None:
+        if self._closing or self._paused:
+            return
+        self._paused = True
+        self._loop._remove_reader(self._sock_fd)
+        if self._loop.get_debug():
+            logger.debug("%r pauses reading", self)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._add_reader(self._reader())
+        if self._loop.get_debug():
+            logger.debug("%r resumes reading", self)
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._loop._remove_reader(self._sock_fd)
+        if not self._buffer:
+            self._conn_lost += 1
+            self._update_can_send()
+            self._loop._remove_writer(self._sock_fd)
+            self._call_soon(self._call_connection_lost, None)
+
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        if self._sock is not None:
+            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+            self._sock.close()
+            server = getattr(self, "_server", None)
+            if server is not None and _ATTACH_TAKES_TRANSPORT:
+                server._detach(self)
+
+    def _fatal_error(self, exc: BaseException,
+                     message: str = "Fatal error on transport") -> None:
+        """Close at once after ``exc``; a failure other than an OSError (a
+        protocol's callback raising, a bug) goes to the exception handler."""
+        if isinstance(exc, OSError):
+            if self._loop.get_debug():
+                logger.debug("%r: %s", self, message, exc_info=True)
+        else:
+            self._loop.call_exception_handler({
+                "message": message,
+                "exception": exc,
+                "transport": self,
+                "protocol": self._protocol,
+            })
+        self._force_close(exc)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        if self._conn_lost:
+            return
+        if self._buffer:
+            self._buffer.clear()
+            self._after_buffer_cleared()
+            self._loop._remove_writer(self._sock_fd)
+        if not self._closing:
+            self._closing = True
+            self._loop._remove_reader(self._sock_fd)
+        self._conn_lost += 1
+        self._update_can_send()
+        self._call_soon(self._call_connection_lost, exc)
+
+    def _after_buffer_cleared(self) -> None:
+        """Hook for a transport that counts its buffer apart from it."""
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            if self._protocol_connected:
+                self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()  # type: ignore[union-attr]  # once: _conn_lost guards
+            self._sock = None
+            self._protocol = None
+            self._loop = None
+            server = self._server
+            if server is not None:
+                if _ATTACH_TAKES_TRANSPORT:
+                    server._detach(self)
+                else:
+                    server._detach()
+                self._server = None
+
+    # Flow control of writes: the protocol is told to pause above the high
+    # mark and to resume at or below the low one.
+
+    def set_write_buffer_limits(self, high: int | None = None,
+                                low: int | None = None) -> None:
+        self._set_write_buffer_limits(high, low)
+        self._maybe_pause_protocol()
+
+    def _set_write_buffer_limits(self, high: int | None = None,
+                                 low: int | None = None) -> None:
+        if high is None:
+            high = 64 * 1024 if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high_water = high
+        self._low_water = low
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (self._low_water, self._high_water)
+
+    def _maybe_pause_protocol(self) -> None:
+        if self.get_write_buffer_size() <= self._high_water or self._protocol_paused:
+            return
+        self._protocol_paused = True
+        try:
+            self._protocol.pause_writing()
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._loop.call_exception_handler({
+                "message": "protocol.pause_writing() failed",
+                "exception": exc,
+                "transport": self,
+                "protocol": self._protocol,
+            })
+
+    def _maybe_resume_protocol(self) -> None:
+        if self._protocol_paused and self.get_write_buffer_size() <= self._low_water:
+            self._protocol_paused = False
+            try:
+                self._protocol.resume_writing()
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._loop.call_exception_handler({
+                    "message": "protocol.resume_writing() failed",
+                    "exception": exc,
+                    "transport": self,
+                    "protocol": self._protocol,
+                })
+
+
+class SocketTransport(_Common, asyncio.Transport):
+    """A stream transport on a connected TCP or Unix socket."""
+
+    # What asyncio's loop asks of a transport before start_tls and sendfile.
+    _start_tls_compatible = True
+    _sendfile_compatible = _SENDFILE_TRY_NATIVE
+
+    def __init__(self, loop: Any, sock: socket.socket, protocol: Any,
+                 waiter: asyncio.Future[None] | None = None,
+                 extra: dict[str, Any] | None = None, server: Any = None,
+                 context: Any = None) -> None:
+        self._buffered = False
+        self._setup(loop, sock, protocol, extra, server, context)
+        self.set_protocol(protocol)
+        self._buffer = bytearray()
+        self._eof = False
+        self._empty_waiter: asyncio.Future[None] | None = None
+        self._can_send = True
+        _set_nodelay(sock)
+        self._start(waiter)
+
+    def _reader(self) -> Any:
+        return self._read_into if self._buffered else self._read
+
+    @property
+    def _read_ready_cb(self) -> Any:
+        """What asyncio's transport names its read path for the protocol's
+        kind, None once closing (Python 3.13's close() clears it; CPython's
+        test_ssl reads it to tell a closed transport)."""
+        return None if self._closing else self._reader()
+
+    def _update_can_send(self) -> None:
+        self._can_send = not (self._buffer or self._eof or self._conn_lost
+                              or self._empty_waiter is not None)
+
+    def set_protocol(self, protocol: Any) -> None:
+        buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        switch = buffered is not self._buffered
+        self._buffered = buffered
+        super().set_protocol(protocol)
+        if switch and self._sock is not None:
+            # This transport's reader, registered for the other kind of
+            # protocol, is replaced (asyncio reaches the right path through
+            # one more call per event; here the registration itself is the
+            # path). Only its own: before reading starts the socket's
+            # registration, if any, is not the transport's.
+            try:
+                key = self._loop._selector.get_key(self._sock_fd)
+            except (KeyError, ValueError, AttributeError):
+                return
+            reader = key.data[0]
+            if (reader is not None and not reader._cancelled
+                    and reader._callback in (self._read, self._read_into)):
+                self._add_reader(self._reader())
+
+    # -- reading -----------------------------------------------------------
+
+    def _read(self) -> None:
+        """Ready to read, for a Protocol: recv, then data_received."""
+        if self._conn_lost:
+            return
+        try:
+            data = self._sock.recv(self.max_size)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on socket transport")
+            return
+        if data:
+            try:
+                self._protocol.data_received(data)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
+        else:
+            self._read_eof()
+
+    def _read_into(self) -> None:
+        """Ready to read, for a BufferedProtocol: into its own buffer."""
+        if self._conn_lost:
+            return
+        try:
+            buf = self._protocol.get_buffer(-1)
+            if not len(buf):
+                raise RuntimeError("get_buffer() returned an empty buffer")
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
+            return
+        try:
+            nbytes = self._sock.recv_into(buf)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on socket transport")
+            return
+        if not nbytes:
+            self._read_eof()
+            return
+        try:
+            self._protocol.buffer_updated(nbytes)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
+
+    def _read_eof(self) -> None:
+        """The peer's end of file: eof_received() says whether to stay open
+        (for writing); if not, the transport closes."""
+        if self._loop.get_debug():
+            logger.debug("%r received EOF", self)
+        try:
+            keep_open = self._protocol.eof_received()
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.eof_received() call failed.")
+            return
+        if keep_open:
+            # Nothing more can be read: stop asking.
+            self._loop._remove_reader(self._sock_fd)
+        else:
+            self.close()
+
+    # -- writing -----------------------------------------------------------
+
+    def write(self, data: Any) -> None:
+        """Send ``data`` now as far as the socket takes it, buffer the rest."""
+        if not self._can_send or type(data) is not bytes or not data:
+            self._write_slow(data)
+            return
+        try:
+            n = self._sock.send(data)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal write error on socket transport")
+            return
+        if n != len(data):
+            self._buffer_rest(data, n)
+
+    def _buffer_rest(self, data: Any, n: int) -> None:
+        """What a direct send left: into the buffer, sent when writable."""
+        self._add_writer(self._write_ready)
+        self._buffer.extend(memoryview(data)[n:])
+        self._can_send = False
+        self._maybe_pause_protocol()
+
+    def _write_slow(self, data: Any) -> None:
+        """write() for every case but the plain one, in asyncio's order of
+        checks: the type, end of file, sendfile, empty data, a lost
+        connection (counted, and logged past a threshold), then a send if
+        nothing is buffered."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(_WRITE_TYPE_MESSAGE.format(type(data).__name__))
+        if self._eof:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if self._empty_waiter is not None:
+            raise RuntimeError("unable to write; sendfile is in progress")
+        if not data:
+            return
+        if self._conn_lost:
+            if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+                logger.warning("socket.send() raised exception.")
+            self._conn_lost += 1
+            self._can_send = False
+            return
+        if self._buffer:
+            self._buffer.extend(data)
+            self._maybe_pause_protocol()
+            return
+        try:
+            n = self._sock.send(data)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal write error on socket transport")
+            return
+        if n != len(data):
+            self._buffer_rest(data, n)
+
+    def writelines(self, list_of_data: Any) -> None:
+        """Write the concatenation of ``list_of_data`` (one send, not many)."""
+        if self._eof:
+            raise RuntimeError("Cannot call writelines() after write_eof()")
+        if self._empty_waiter is not None:
+            raise RuntimeError("unable to writelines; sendfile is in progress")
+        self.write(b"".join(list_of_data))
+
+    def _write_ready(self) -> None:
+        """Writable with data buffered: send what the socket takes."""
+        if self._conn_lost:
+            return
+        buffer = self._buffer
+        try:
+            n = self._sock.send(buffer)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._loop._remove_writer(self._sock_fd)
+            buffer.clear()
+            self._fatal_error(exc, "Fatal write error on socket transport")
+            if self._empty_waiter is not None:
+                self._empty_waiter.set_exception(exc)
+            return
+        if n:
+            del buffer[:n]
+        self._maybe_resume_protocol()  # may write more
+        if not buffer:
+            self._update_can_send()
+            self._loop._remove_writer(self._sock_fd)
+            if self._empty_waiter is not None:
+                self._empty_waiter.set_result(None)
+            if self._closing:
+                # close() with data buffered: the data is out, now close.
+                if not self._conn_lost:
+                    self._conn_lost += 1
+                    self._can_send = False
+                    self._call_connection_lost(None)
+            elif self._eof:
+                self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
+
+    def write_eof(self) -> None:
+        """Half-close: no more writes; the buffered data still goes first."""
+        if self._closing or self._eof:
+            return
+        self._eof = True
+        self._can_send = False
+        if not self._buffer:
+            self._sock.shutdown(socket.SHUT_WR)  # type: ignore[union-attr]
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            super()._call_connection_lost(exc)
+        finally:
+            if self._empty_waiter is not None:
+                self._empty_waiter.set_exception(
+                    ConnectionError("Connection is closed by peer"))
+
+    # -- sendfile (the loop's _sendfile_native drives these) ----------------
+
+    def _make_empty_waiter(self) -> asyncio.Future[None]:
+        """A future done once the write buffer is empty."""
+        if self._empty_waiter is not None:
+            raise RuntimeError("Empty waiter is already set")
+        self._empty_waiter = self._loop.create_future()
+        self._can_send = False
+        if not self._buffer:
+            self._empty_waiter.set_result(None)
+        return self._empty_waiter
+
+    def _reset_empty_waiter(self) -> None:
+        self._empty_waiter = None
+        self._update_can_send()
+
+
+class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
+    """A datagram transport on a UDP (or Unix datagram) socket.
+
+    Also an ``asyncio.Transport``, as asyncio's is (CPython's tests check
+    it), so ``pause_reading``/``resume_reading`` work on it too."""
+
+    def __init__(self, loop: Any, sock: socket.socket, protocol: Any,
+                 address: Any = None, waiter: asyncio.Future[None] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+        self._setup(loop, sock, protocol, extra, None, None)
+        self.set_protocol(protocol)
+        self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
+        self._address = address
+        self._buffer_size = 0
+        # Connected (to ``address`` or already): send(), not sendto().
+        self._connected = bool(self._extra["peername"])
+        self._start(waiter)
+
+    def _reader(self) -> Any:
+        return self._read
+
+    def get_write_buffer_size(self) -> int:
+        return self._buffer_size
+
+    def _after_buffer_cleared(self) -> None:
+        self._buffer_size = 0
+
+    def _read(self) -> None:
+        """Ready to read: one datagram to datagram_received, or the error
+        (an ICMP error reported on the socket) to error_received."""
+        if self._conn_lost:
+            return
+        try:
+            data, addr = self._sock.recvfrom(self.max_size)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._protocol.error_received(exc)
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on datagram transport")
+            return
+        self._protocol.datagram_received(data, addr)
+
+    def sendto(self, data: Any, addr: Any = None) -> None:
+        """Send one datagram now, or queue it while earlier ones wait."""
+        if type(data) is not bytes and not isinstance(data, (bytearray, memoryview)):
+            raise TypeError(_DATAGRAM_TYPE_MESSAGE.format(type(data).__name__))
+        if not data and not _SEND_EMPTY_DATAGRAM:
+            return
+        address = self._address
+        if address:
+            # Not `addr not in (None, address)`: that builds a tuple per call.
+            if addr is not None and addr is not address and addr != address:
+                raise ValueError(f"Invalid address: must be None or {address}")
+            addr = address
+        if self._conn_lost and self._address:
+            if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+                logger.warning("socket.send() raised exception.")
+            self._conn_lost += 1
+            return
+        if not self._buffer:
+            try:
+                if self._connected:
+                    self._sock.send(data)  # type: ignore[union-attr]
+                else:
+                    self._sock.sendto(data, addr)  # type: ignore[union-attr]
+                return
+            except (BlockingIOError, InterruptedError):
+                self._add_writer(self._sendto_ready)
+            except OSError as exc:
+                self._protocol.error_received(exc)
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal write error on datagram transport")
+                return
+        # A copy: the caller may reuse a mutable buffer.
+        self._buffer.append((bytes(data), addr))
+        self._buffer_size += len(data) + _DATAGRAM_HEADER
+        self._maybe_pause_protocol()
+
+    def _sendto_ready(self) -> None:
+        """Writable with datagrams queued: send them in order."""
+        buffer = self._buffer
+        while buffer:
+            data, addr = buffer.popleft()
+            self._buffer_size -= len(data) + _DATAGRAM_HEADER
+            try:
+                if self._connected:
+                    self._sock.send(data)  # type: ignore[union-attr]
+                else:
+                    self._sock.sendto(data, addr)  # type: ignore[union-attr]
+            except (BlockingIOError, InterruptedError):
+                buffer.appendleft((data, addr))  # the next writable event
+                self._buffer_size += len(data) + _DATAGRAM_HEADER
+                break
+            except OSError as exc:
+                self._protocol.error_received(exc)
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal write error on datagram transport")
+                return
+        self._maybe_resume_protocol()  # may queue more
+        if not buffer:
+            self._loop._remove_writer(self._sock_fd)
+            if self._closing:
+                self._call_connection_lost(None)
+
+
+class _SendfileFallback(asyncio.Protocol):
+    """The protocol a stream transport has while ``loop.sendfile`` writes a
+    file through it by reads and writes (where no native sendfile applies).
+
+    asyncio's loop does this with a private protocol class that accepts only
+    its own transports' private base; this one does the same for ours: the
+    transport's protocol is set aside with reading paused, the writes wait
+    for the buffer to drain below its low mark, and :meth:`restore` puts
+    the protocol back (with a ``resume_writing`` it would otherwise miss).
+    """
+
+    def __init__(self, transport: SocketTransport) -> None:
+        self._transport = transport
+        self._proto = transport.get_protocol()
+        self._should_resume_reading = transport.is_reading()
+        self._should_resume_writing = transport._protocol_paused
+        transport.pause_reading()
+        transport.set_protocol(self)
+        # Writing is paused from the start if the transport already was.
+        self._writable: asyncio.Future[None] | None = (
+            transport._loop.create_future() if self._should_resume_writing else None)
+
+    async def drain(self) -> None:
+        """Return once another block may be written."""
+        if self._transport.is_closing():
+            raise ConnectionError("Connection closed by peer")
+        if self._writable is not None:
+            await self._writable
+
+    def connection_made(self, transport: Any) -> None:
+        raise RuntimeError("Invalid state: connection should have been established already.")
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._writable is not None:
+            # The file was not all sent: for the sender, always an error.
+            self._writable.set_exception(
+                exc if exc is not None else ConnectionError("Connection is closed by peer"))
+        self._proto.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = self._transport._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None:
+            self._writable.set_result(None)
+            self._writable = None
+
+    def data_received(self, data: bytes) -> None:
+        raise RuntimeError("Invalid state: reading should be paused")
+
+    def eof_received(self) -> None:
+        raise RuntimeError("Invalid state: reading should be paused")
+
+    async def restore(self) -> None:
+        """Give the transport back to its protocol."""
+        transport = self._transport
+        transport.set_protocol(self._proto)
+        if self._should_resume_reading:
+            transport.resume_reading()
+        if self._writable is not None:
+            # Nothing waits on it any more: the protocol is switched back.
+            self._writable.cancel()
+        if self._should_resume_writing:
+            self._proto.resume_writing()
+
+
+async def sendfile_fallback(loop: Any, transport: SocketTransport, file: Any,
+                            offset: int, count: int | None) -> int:
+    """``loop.sendfile`` by reads (in the loop's executor) and writes, in
+    blocks of at most 16 KiB (asyncio's), for the loop's own stream
+    transport. Returns the bytes sent; the file's position ends after them."""
+    if offset:
+        file.seek(offset)
+    block = min(count, 16384) if count else 16384
+    buf = bytearray(block)
+    sent = 0
+    proto = _SendfileFallback(transport)
+    try:
+        while True:
+            if count:
+                block = min(count - sent, block)
+                if block <= 0:
+                    return sent
+            view = memoryview(buf)[:block]
+            got = await loop.run_in_executor(None, file.readinto, view)
+            if not got:
+                return sent   # end of file
+            await proto.drain()
+            transport.write(view[:got])   # copied into the buffer if not sent
+            sent += got
+    finally:
+        if sent > 0 and hasattr(file, "seek"):
+            file.seek(offset + sent)
+        await proto.restore()
