@@ -44,7 +44,7 @@ from socknotify_loop.port import (
     available_backends,
     lib,
 )
-from socknotify_loop.selector import EVENT_READ, NotifySelector
+from socknotify_loop.selector import EVENT_READ, EVENT_WRITE, NotifySelector
 
 pytestmark = pytest.mark.skipif(not WINDOWS, reason="the strict model runs on Windows only")
 
@@ -583,6 +583,30 @@ def test_port_modify_of_an_armed_registration():
         assert port.counters()["fallbacks"] == 0
         b.send(b"x")
         assert wait_for(port, 1, regs=[Registration(a, 1, EVENT_IN)]) == EVENT_IN
+
+
+@pytest.mark.timeout(60)
+def test_selector_modify_of_an_armed_ready_registration_is_heard():
+    """A modify (IN to OUT) of an armed registration whose socket is
+    readable, which the OS refuses ("Notifications must not be re-enabled
+    until the SOCK_NOTIFY_EVENT_DISABLE notification is received"): the
+    port's DISABLE and ENABLE leave a notification of the old filter queued
+    ("Notifications that have already been queued might still be
+    delivered"), ahead of the new filter's. The first must not stand for
+    the second: the writable socket is reported at once, not when the wait
+    runs out."""
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        set_modes(sel.port, lib.SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED)
+        sel.register(a, EVENT_READ, "a")
+        assert sel.select(0) == []
+        b.send(b"x")
+        sel.modify(a, EVENT_WRITE, "a")
+        start = time.monotonic()
+        ready = sel.select(5)
+        assert time.monotonic() - start < 2, ready
+        assert [(key.data, mask) for key, mask in ready] == [("a", EVENT_WRITE)]
+        assert sel.port.counters()["fallbacks"] == 0
 
 
 @pytest.mark.timeout(60)
