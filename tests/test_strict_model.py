@@ -568,6 +568,34 @@ def test_port_refused_modify_does_not_sit_out_the_wait():
 
 
 @pytest.mark.timeout(60)
+def test_selector_refused_rearm_does_not_sit_out_the_wait():
+    """The port's own re-arm of a one-shot registration rides in the call
+    that waits, and the OS may refuse it (here the model's refusal of a
+    layered provider's socket, which the socket meets only now): the
+    verdict comes after the wait ("a refusal never shortens it"), and the
+    polyfill takes the socket over only then. The wait must not block past
+    the socket's readiness all the same."""
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        assert [key.data for key, _ in sel.select(5)] == ["a"]
+        refuse(sel.port, a)     # the next call carries the re-arm of `a`
+        try:
+            start = time.monotonic()
+            ready = sel.select(10)
+            assert time.monotonic() - start < 2, ready
+            assert [(key.data, mask) for key, mask in ready] == [("a", EVENT_READ)]
+            assert sel.port.counters()["fallbacks"] == 1
+            a.recv(10)
+            assert sel.select(0.1) == []
+            b.send(b"y")
+            assert [key.data for key, _ in sel.select(5)] == ["a"]
+        finally:
+            lib.sn_model_control(sel.port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+
+
+@pytest.mark.timeout(60)
 def test_port_modify_of_an_armed_registration():
     """The reference page: "Notifications must not be re-enabled until the
     SOCK_NOTIFY_EVENT_DISABLE notification is received". Where the OS

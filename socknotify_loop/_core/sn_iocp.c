@@ -132,6 +132,9 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
    port's buffers (sn_iocp_buf.c). */
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
+/* The first part of a wait whose call carries the port's own re-arms
+   (ms): see iocp__process. */
+#define IOCP_REARM_WAIT_MS 10
 
 /* ----------------------------------------------------------------- the port */
 
@@ -341,10 +344,11 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     OVERLAPPED_ENTRY *entries = stack_entries;
     uint8_t *routed = stack_routed;
     iocp_buffer_t *buf = NULL;
-    UINT32 got = 0, j;
+    UINT32 got = 0, j, wait;
     DWORD rc, result;
     uint32_t i;
-    int err = 0, first_enable = 0, refused = 0, reenabled = 0;
+    int err = 0, first_enable = 0, refused = 0, reenabled = 0, rearms = 0, split = 0;
+    int64_t deadline = 0;
 
     *received = 0;
     *dropped = 0;
@@ -381,6 +385,8 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                registered for reading) may be too, and its owner must
                not wait for the wait to end to hear of it. */
             first_enable = 1;
+        } else if (regs[i].op == SN_OP_ENABLE) {
+            rearms = 1;
         }
     }
 
@@ -402,14 +408,32 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         count = 0;
     }
 
-    /* THE call: registrations (the caller's, then re-arms) and the wait, in one. */
+    /* THE call: registrations (the caller's, then re-arms) and the wait, in one.
+       The OS may refuse a re-arm too (nothing promises it takes every
+       ENABLE of a registration it holds), and a refusal is known only
+       after the call's wait; the polyfill that takes the socket over then
+       cannot shorten a wait that is over. Applying the re-arms in a call
+       of their own first would cost a kernel transition at every wait
+       that follows a delivery. So such a wait is cut in two: the call that
+       carries the re-arms waits IOCP_REARM_WAIT_MS at most, then a call
+       with nothing to apply waits for the time left. A loop with work
+       pays nothing (its events end the first part); an idle one, one more
+       wake-up per wait; a refused re-arm, at most that much delay. */
+    wait = iocp__timeout(timeout_ms);
+    if (rearms && count != 0 && !ip->polyfill && max_events != 0 &&
+        (timeout_ms < 0 || timeout_ms > IOCP_REARM_WAIT_MS)) {
+        if (timeout_ms > 0)
+            deadline = sn_deadline(timeout_ms);
+        wait = IOCP_REARM_WAIT_MS;
+        split = 1;
+    }
     SN_COUNT(port, SN_COUNT_WAITS);
     if (max_events == 0) {
         /* PSN's rule: no room for entries means no wait at all. */
         rc = ip->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
     } else {
-        rc = ip->process(ip->iocp, count, count ? kregs : NULL,
-                         iocp__timeout(timeout_ms), max_events, entries, &got);
+        rc = ip->process(ip->iocp, count, count ? kregs : NULL, wait, max_events, entries,
+                         &got);
     }
     if (count != 0) {
         if (iocp__whole_call_failed(rc)) {
@@ -421,6 +445,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
             if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc,
                                      &refused)) != 0)
                 goto out;
+            split = 0;    /* the wait below is the whole of it */
             SN_COUNT(port, SN_COUNT_WAITS);
             rc = max_events == 0
                      ? ip->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL)
@@ -440,6 +465,16 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                     rc = ERROR_SUCCESS;
                 }
             }
+        }
+    }
+    if (split && got == 0 && (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)) {
+        /* The rest of a wait cut in two (above), with every verdict known
+           and a refused re-arm's socket in the polyfill's care. */
+        int64_t left = timeout_ms < 0 ? -1 : sn_time_left(deadline);
+        if (left != 0) {
+            SN_COUNT(port, SN_COUNT_WAITS);
+            rc = ip->process(ip->iocp, 0, NULL, iocp__timeout(left), max_events, entries,
+                             &got);
         }
     }
     if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
