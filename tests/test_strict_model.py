@@ -660,6 +660,113 @@ def test_refused_socket_falls_back_under_a_plain_wait():
             lib.sn_model_control(port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
 
 
+class OtherPort:
+    """A completion port of its own, a socket tied to it by
+    CreateIoCompletionPort, as a ProactorEventLoop ties the sockets it
+    serves."""
+
+    def __init__(self, sock) -> None:
+        import _overlapped
+        self.handle = _overlapped.CreateIoCompletionPort(_overlapped.INVALID_HANDLE_VALUE,
+                                                         0, 0, 0)
+        _overlapped.CreateIoCompletionPort(sock.fileno(), self.handle, 1, 0)
+
+    def close(self) -> None:
+        import _winapi
+        _winapi.CloseHandle(self.handle)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("api", ["port", "selector", "loop"])
+def test_socket_tied_by_create_io_completion_port_is_served_by_the_fallback(api):
+    """SN_MODEL_MODE_TIES_SOCKET: a socket a ProactorEventLoop (or anyone's
+    overlapped I/O) tied to another completion port is refused, as
+    CreateIoCompletionPort refuses a second association; the polyfill
+    serves it, promptly."""
+    a, b = nonblocking_pair()
+    other = OtherPort(a)
+    try:
+        with a, b:
+            if api == "port":
+                with Port("strict") as port:
+                    set_modes(port, lib.SN_MODEL_MODE_TIES_SOCKET)
+                    b.send(b"x")
+                    start = time.monotonic()
+                    notes = port.process([Registration(a, 1, EVENT_IN)], timeout=5)
+                    assert time.monotonic() - start < 2, notes
+                    assert notes == [(1, EVENT_IN)]
+                    assert port.counters()["fallbacks"] == 1
+            elif api == "selector":
+                with NotifySelector("strict") as sel:
+                    set_modes(sel.port, lib.SN_MODEL_MODE_TIES_SOCKET)
+                    sel.register(a, EVENT_READ, "a")
+                    b.send(b"x")
+                    assert [key.data for key, _ in sel.select(5)] == ["a"]
+                    assert sel.port.counters()["fallbacks"] == 1
+                    a.recv(10)
+                    assert sel.select(0.1) == []
+                    b.send(b"y")
+                    assert [key.data for key, _ in sel.select(5)] == ["a"]
+            else:
+                loop = Loop(selector=NotifySelector("strict"))
+                try:
+                    set_modes(loop._selector.port, lib.SN_MODEL_MODE_TIES_SOCKET)
+
+                    async def echo() -> bytes:
+                        # Later: the receive must wait for readiness.
+                        loop.call_later(0.1, b.send, b"ping")
+                        return await asyncio.wait_for(loop.sock_recv(a, 10), 5)
+                    assert loop.run_until_complete(echo()) == b"ping"
+                    assert loop._selector.port.counters()["fallbacks"] == 1
+                finally:
+                    loop.close()
+    finally:
+        other.close()
+
+
+@pytest.mark.timeout(60)
+def test_socket_the_model_tied_stays_tied():
+    """SN_MODEL_MODE_TIES_SOCKET: the association a registration made
+    outlives its REMOVE ("the handle remains associated with that I/O
+    completion port until it is closed"): the same port takes the socket
+    again, the next port is refused and its polyfill serves the socket."""
+    a, b = nonblocking_pair()
+    with a, b:
+        with Port("strict") as first:
+            set_modes(first, lib.SN_MODEL_MODE_TIES_SOCKET)
+            first.process([Registration(a, 1, EVENT_IN)], timeout=0)
+            assert wait_for(first, 1, regs=[Registration(a, 1, 0, OP_REMOVE)]) == EVENT_REMOVE
+            b.send(b"x")
+            assert wait_for(first, 2, regs=[Registration(a, 2, EVENT_IN)]) == EVENT_IN
+            assert first.counters()["fallbacks"] == 0
+            assert wait_for(first, 2, regs=[Registration(a, 2, 0, OP_REMOVE)]) == EVENT_REMOVE
+        with Port("strict") as second:
+            set_modes(second, lib.SN_MODEL_MODE_TIES_SOCKET)
+            assert wait_for(second, 3, regs=[Registration(a, 3, EVENT_IN)]) == EVENT_IN
+            assert second.counters()["fallbacks"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_overlapped_io_on_a_tied_socket_is_no_notification():
+    """SN_MODEL_MODE_TIES_SOCKET: the socket is associated with the port
+    under its registration's key, so its own overlapped I/O completes on
+    the port under that key, with a byte count where a notification has
+    its events (one byte sent: EVENT_IN). That is not readiness."""
+    import _overlapped
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_TIES_SOCKET)
+        assert port.process([Registration(a, 1, EVENT_IN)], timeout=0) == []
+        ov = _overlapped.Overlapped(0)
+        ov.WSASend(a.fileno(), b"x", 0)
+        time.sleep(0.2)            # the send's completion is queued by now
+        assert port.process(timeout=0.3) == []
+        assert ov.getresult() == 1
+        assert b.recv(10) == b"x"
+        b.send(b"y")               # the registration still works
+        assert wait_for(port, 1) == EVENT_IN
+
+
 def test_port_disable_carries_a_trigger():
     """DISABLE with no trigger flags from the caller, on a model that wants
     LEVEL or EDGE with DISABLE as with ENABLE: the port sends the

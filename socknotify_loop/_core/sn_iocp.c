@@ -224,6 +224,17 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
            reserved key nobody here issued. */
         return 0;
     }
+    if (entry->lpOverlapped != NULL) {
+        /* Under a registration's key, yet with an OVERLAPPED: not a
+           notification (the OS's carry none; the polyfill's and the
+           model's neither) but the completion of overlapped I/O that
+           someone issued on a socket the OS associated with this port when
+           it was registered ("associates a set of sockets with a
+           completion port"; an association outlives the registration: the
+           handle "remains associated with that I/O completion port until
+           it is closed"). Its byte count is no event mask: dropped. */
+        return 0;
+    }
     /* A notification: the registration's (kernel) key and its events. */
     out->key = key;
     out->events = entry->dwNumberOfBytesTransferred;
