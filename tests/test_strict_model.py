@@ -132,6 +132,7 @@ MODEL_ANSWERS = {
     "socket tied by CreateIoCompletionPort": "accepted",
     "failed connect, OUT-only filter": "ERR reported",
     "DISABLE without trigger flags": "accepted",
+    "a notification's lpOverlapped": "lpOverlapped NULL",
 }
 #: Questions both answer alike (a fixed rule of the polyfill's, or where
 #: the forgiving and the strict reading agree). The model's default answers
@@ -143,7 +144,7 @@ SAME_ON_AFD = {"port closed after the socket's REMOVE", "ENABLE without LEVEL or
                "socket closed before its REMOVE event",
                "closesocket() with a notification queued",
                "socket tied by CreateIoCompletionPort", "failed connect, OUT-only filter",
-               "DISABLE without trigger flags"}
+               "DISABLE without trigger flags", "a notification's lpOverlapped"}
 
 
 @pytest.mark.parametrize("question", probe.QUESTIONS, ids=lambda q: q.name)
