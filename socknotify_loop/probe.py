@@ -24,7 +24,8 @@ on Windows 11 or Server 2022 settles them:
 - a socket tied to a completion port by CreateIoCompletionPort (refused,
   with which error?),
 - a failed non-blocking connect watched for OUT only (does ERR come?),
-- DISABLE with no trigger flags (refused?).
+- DISABLE with no trigger flags (refused?),
+- what a notification's lpOverlapped (reserved) holds (NULL?).
 
 Answers are compared by meaning: "refused (error 87)" and "refused (error
 10045)" are the same answer to "is it refused?", and the report marks only
@@ -311,6 +312,26 @@ def failed_connect_out_only(backend: str) -> str:
         return "OUT without ERR" if _keys(notes, EVENT_OUT) else "nothing"
 
 
+#: In a raw notification's events: the packet carried an lpOverlapped
+#: (``sn_raw_process``, ``_core/sn_iocp_fn.c``).
+_RAW_OVERLAPPED = 1 << 31
+
+
+def notification_overlapped(backend: str) -> str:
+    # The port takes a packet under a registration's key that carries an
+    # OVERLAPPED for the completion of overlapped I/O, not a notification.
+    a, b = _pair()
+    with a, b, RawPort(backend) as port:
+        problem = _registered(*port.call([(a, 18, EVENT_IN, OP_ENABLE, ONESHOT)], 0, 0)[:2])
+        if problem:
+            return problem
+        b.send(b"x")
+        mine = [events for key, events in port.collect(1500) if key == 18]
+        if not mine:
+            return "nothing"
+        return "lpOverlapped set" if mine[0] & _RAW_OVERLAPPED else "lpOverlapped NULL"
+
+
 class Question(NamedTuple):
     """One documented-but-unverified rule, and how to ask a backend."""
 
@@ -350,6 +371,7 @@ QUESTIONS: Tuple[Question, ...] = (
     Question("failed connect, OUT-only filter", failed_connect_out_only),
     Question("DISABLE without trigger flags",
              _after_enable(17, EVENT_IN, PERSISTENT, _disable_without_trigger)),
+    Question("a notification's lpOverlapped", notification_overlapped),
 )
 
 

@@ -699,14 +699,30 @@ class NotifySelector(selectors.BaseSelector):
                 # Last: a re-check stands for Python's record as it is now,
                 # the end of whatever the changes queued after it did.
                 changes = [change for change in pending if change[3] != _RECHECK]
-                last = {change[1]: change for change in changes}
+                last = {change[1]: i for i, change in enumerate(changes)}
                 # A re-check whose change the queue already ends with adds
                 # nothing but a second ENABLE of an armed registration,
                 # which Windows may refuse ("must not be re-enabled until
                 # the SOCK_NOTIFY_EVENT_DISABLE notification is received").
-                resolved = [self._resolve(change) for change in rechecks]
-                pending[:] = changes + [change for change in resolved
-                                        if last.get(change[1]) != change]
+                # One that differs from an ENABLE or DISABLE the queue ends
+                # with (a modify cut after it queued its ENABLE and before
+                # Python recorded the new events) takes its place: sent
+                # after it, it would be a second ENABLE of that
+                # registration in one call, which the OS may refuse as
+                # well, and whose retry leaves the first filter's
+                # notification queued ahead of the second's.
+                extra: list[_Queued] = []
+                for change in map(self._resolve, rechecks):
+                    i = last.get(change[1])
+                    if i is None:
+                        extra.append(change)
+                    elif changes[i] == change:
+                        continue
+                    elif changes[i][3] != OP_REMOVE and change[3] != OP_REMOVE:
+                        changes[i] = change
+                    else:
+                        extra.append(change)
+                pending[:] = changes + extra
                 count = len(pending)
             if count > self._changes_room:
                 room = self._changes_room

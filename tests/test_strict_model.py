@@ -44,7 +44,7 @@ from socknotify_loop.port import (
     available_backends,
     lib,
 )
-from socknotify_loop.selector import EVENT_READ, NotifySelector
+from socknotify_loop.selector import EVENT_READ, EVENT_WRITE, NotifySelector
 
 pytestmark = pytest.mark.skipif(not WINDOWS, reason="the strict model runs on Windows only")
 
@@ -132,6 +132,7 @@ MODEL_ANSWERS = {
     "socket tied by CreateIoCompletionPort": "accepted",
     "failed connect, OUT-only filter": "ERR reported",
     "DISABLE without trigger flags": "accepted",
+    "a notification's lpOverlapped": "lpOverlapped NULL",
 }
 #: Questions both answer alike (a fixed rule of the polyfill's, or where
 #: the forgiving and the strict reading agree). The model's default answers
@@ -143,7 +144,7 @@ SAME_ON_AFD = {"port closed after the socket's REMOVE", "ENABLE without LEVEL or
                "socket closed before its REMOVE event",
                "closesocket() with a notification queued",
                "socket tied by CreateIoCompletionPort", "failed connect, OUT-only filter",
-               "DISABLE without trigger flags"}
+               "DISABLE without trigger flags", "a notification's lpOverlapped"}
 
 
 @pytest.mark.parametrize("question", probe.QUESTIONS, ids=lambda q: q.name)
@@ -578,6 +579,34 @@ def test_port_refused_modify_does_not_sit_out_the_wait():
 
 
 @pytest.mark.timeout(60)
+def test_selector_refused_rearm_does_not_sit_out_the_wait():
+    """The port's own re-arm of a one-shot registration rides in the call
+    that waits, and the OS may refuse it (here the model's refusal of a
+    layered provider's socket, which the socket meets only now): the
+    verdict comes after the wait ("a refusal never shortens it"), and the
+    polyfill takes the socket over only then. The wait must not block past
+    the socket's readiness all the same."""
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        assert [key.data for key, _ in sel.select(5)] == ["a"]
+        refuse(sel.port, a)     # the next call carries the re-arm of `a`
+        try:
+            start = time.monotonic()
+            ready = sel.select(10)
+            assert time.monotonic() - start < 2, ready
+            assert [(key.data, mask) for key, mask in ready] == [("a", EVENT_READ)]
+            assert sel.port.counters()["fallbacks"] == 1
+            a.recv(10)
+            assert sel.select(0.1) == []
+            b.send(b"y")
+            assert [key.data for key, _ in sel.select(5)] == ["a"]
+        finally:
+            lib.sn_model_control(sel.port._handle, lib.SN_MODEL_REFUSE, a.fileno(), 0)
+
+
+@pytest.mark.timeout(60)
 def test_port_modify_of_an_armed_registration():
     """The reference page: "Notifications must not be re-enabled until the
     SOCK_NOTIFY_EVENT_DISABLE notification is received". Where the OS
@@ -596,11 +625,142 @@ def test_port_modify_of_an_armed_registration():
 
 
 @pytest.mark.timeout(60)
+def test_selector_modify_of_an_armed_ready_registration_is_heard():
+    """A modify (IN to OUT) of an armed registration whose socket is
+    readable, which the OS refuses ("Notifications must not be re-enabled
+    until the SOCK_NOTIFY_EVENT_DISABLE notification is received"): the
+    port's DISABLE and ENABLE leave a notification of the old filter queued
+    ("Notifications that have already been queued might still be
+    delivered"), ahead of the new filter's. The first must not stand for
+    the second: the writable socket is reported at once, not when the wait
+    runs out."""
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        set_modes(sel.port, lib.SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED)
+        sel.register(a, EVENT_READ, "a")
+        assert sel.select(0) == []
+        b.send(b"x")
+        sel.modify(a, EVENT_WRITE, "a")
+        start = time.monotonic()
+        ready = sel.select(5)
+        assert time.monotonic() - start < 2, ready
+        assert [(key.data, mask) for key, mask in ready] == [("a", EVENT_WRITE)]
+        assert sel.port.counters()["fallbacks"] == 0
+
+
+@pytest.mark.timeout(60)
 def test_refused_socket_falls_back_under_a_plain_wait():
     """The OS's wait is a plain GetQueuedCompletionStatusEx: the polyfill's
     packets for a refused socket reach the port as they are, and the port
     must turn them into events."""
     check_refused_socket_falls_back(lib.SN_MODEL_MODE_PLAIN_WAIT)
+
+
+class OtherPort:
+    """A completion port of its own, a socket tied to it by
+    CreateIoCompletionPort, as a ProactorEventLoop ties the sockets it
+    serves."""
+
+    def __init__(self, sock) -> None:
+        import _overlapped
+        self.handle = _overlapped.CreateIoCompletionPort(_overlapped.INVALID_HANDLE_VALUE,
+                                                         0, 0, 0)
+        _overlapped.CreateIoCompletionPort(sock.fileno(), self.handle, 1, 0)
+
+    def close(self) -> None:
+        import _winapi
+        _winapi.CloseHandle(self.handle)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("api", ["port", "selector", "loop"])
+def test_socket_tied_by_create_io_completion_port_is_served_by_the_fallback(api):
+    """SN_MODEL_MODE_TIES_SOCKET: a socket a ProactorEventLoop (or anyone's
+    overlapped I/O) tied to another completion port is refused, as
+    CreateIoCompletionPort refuses a second association; the polyfill
+    serves it, promptly."""
+    a, b = nonblocking_pair()
+    other = OtherPort(a)
+    try:
+        with a, b:
+            if api == "port":
+                with Port("strict") as port:
+                    set_modes(port, lib.SN_MODEL_MODE_TIES_SOCKET)
+                    b.send(b"x")
+                    start = time.monotonic()
+                    notes = port.process([Registration(a, 1, EVENT_IN)], timeout=5)
+                    assert time.monotonic() - start < 2, notes
+                    assert notes == [(1, EVENT_IN)]
+                    assert port.counters()["fallbacks"] == 1
+            elif api == "selector":
+                with NotifySelector("strict") as sel:
+                    set_modes(sel.port, lib.SN_MODEL_MODE_TIES_SOCKET)
+                    sel.register(a, EVENT_READ, "a")
+                    b.send(b"x")
+                    assert [key.data for key, _ in sel.select(5)] == ["a"]
+                    assert sel.port.counters()["fallbacks"] == 1
+                    a.recv(10)
+                    assert sel.select(0.1) == []
+                    b.send(b"y")
+                    assert [key.data for key, _ in sel.select(5)] == ["a"]
+            else:
+                loop = Loop(selector=NotifySelector("strict"))
+                try:
+                    set_modes(loop._selector.port, lib.SN_MODEL_MODE_TIES_SOCKET)
+
+                    async def echo() -> bytes:
+                        # Later: the receive must wait for readiness.
+                        loop.call_later(0.1, b.send, b"ping")
+                        return await asyncio.wait_for(loop.sock_recv(a, 10), 5)
+                    assert loop.run_until_complete(echo()) == b"ping"
+                    assert loop._selector.port.counters()["fallbacks"] == 1
+                finally:
+                    loop.close()
+    finally:
+        other.close()
+
+
+@pytest.mark.timeout(60)
+def test_socket_the_model_tied_stays_tied():
+    """SN_MODEL_MODE_TIES_SOCKET: the association a registration made
+    outlives its REMOVE ("the handle remains associated with that I/O
+    completion port until it is closed"): the same port takes the socket
+    again, the next port is refused and its polyfill serves the socket."""
+    a, b = nonblocking_pair()
+    with a, b:
+        with Port("strict") as first:
+            set_modes(first, lib.SN_MODEL_MODE_TIES_SOCKET)
+            first.process([Registration(a, 1, EVENT_IN)], timeout=0)
+            assert wait_for(first, 1, regs=[Registration(a, 1, 0, OP_REMOVE)]) == EVENT_REMOVE
+            b.send(b"x")
+            assert wait_for(first, 2, regs=[Registration(a, 2, EVENT_IN)]) == EVENT_IN
+            assert first.counters()["fallbacks"] == 0
+            assert wait_for(first, 2, regs=[Registration(a, 2, 0, OP_REMOVE)]) == EVENT_REMOVE
+        with Port("strict") as second:
+            set_modes(second, lib.SN_MODEL_MODE_TIES_SOCKET)
+            assert wait_for(second, 3, regs=[Registration(a, 3, EVENT_IN)]) == EVENT_IN
+            assert second.counters()["fallbacks"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_overlapped_io_on_a_tied_socket_is_no_notification():
+    """SN_MODEL_MODE_TIES_SOCKET: the socket is associated with the port
+    under its registration's key, so its own overlapped I/O completes on
+    the port under that key, with a byte count where a notification has
+    its events (one byte sent: EVENT_IN). That is not readiness."""
+    import _overlapped
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, lib.SN_MODEL_MODE_TIES_SOCKET)
+        assert port.process([Registration(a, 1, EVENT_IN)], timeout=0) == []
+        ov = _overlapped.Overlapped(0)
+        ov.WSASend(a.fileno(), b"x", 0)
+        time.sleep(0.2)            # the send's completion is queued by now
+        assert port.process(timeout=0.3) == []
+        assert ov.getresult() == 1
+        assert b.recv(10) == b"x"
+        b.send(b"y")               # the registration still works
+        assert wait_for(port, 1) == EVENT_IN
 
 
 def test_port_disable_carries_a_trigger():

@@ -132,6 +132,9 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
    port's buffers (sn_iocp_buf.c). */
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
+/* The first part of a wait whose call carries the port's own re-arms
+   (ms): see iocp__process. */
+#define IOCP_REARM_WAIT_MS 10
 
 /* ----------------------------------------------------------------- the port */
 
@@ -198,8 +201,10 @@ static UINT32 iocp__timeout(int64_t timeout_ms) {
     return (UINT32)timeout_ms;
 }
 
-/* One dequeued packet as a kernel event. Returns 0 for a packet to drop. */
-static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
+/* One dequeued packet as a kernel event. Returns 0 for a packet to drop.
+   `emulated`: the port's function is ours (the polyfill or the strict
+   model), whose notifications are known to carry no OVERLAPPED. */
+static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out, int emulated) {
     uint64_t key = (uint64_t)entry->lpCompletionKey;
     if (key == SN_POST_COMPLETION_KEY) {
         /* sn_port_post(): the caller's key rides in lpOverlapped. */
@@ -219,6 +224,25 @@ static int iocp__kevent(const OVERLAPPED_ENTRY *entry, sn_kevent_t *out) {
     if (key & SN_RESERVED_KEY_BIT) {
         /* SN_CLOSE_COMPLETION_KEY (the waiter sees the port closing), or a
            reserved key nobody here issued. */
+        return 0;
+    }
+    if (entry->lpOverlapped != NULL && emulated) {
+        /* Under a registration's key, yet with an OVERLAPPED: not one of
+           our emulations' notifications (they carry none) but the
+           completion of overlapped I/O that someone issued on a socket the
+           strict model associated with this port when it was registered,
+           as the OS does ("associates a set of sockets with a completion
+           port"; an association outlives the registration: the handle
+           "remains associated with that I/O completion port until it is
+           closed"). Its byte count is no event mask: dropped.
+           On the OS's own function the packet is kept. Its reference page
+           calls a notification's lpOverlapped reserved, and likens the
+           notifications to a job object's, whose packets do fill that
+           field: nothing promises it is NULL. Dropping a real notification
+           would leave its registration deaf for good, while a completion
+           read as events is at worst a spurious readiness, which asyncio
+           copes with (its level-triggered re-arm looks again). The
+           probe's question "a notification's lpOverlapped" settles it. */
         return 0;
     }
     /* A notification: the registration's (kernel) key and its events. */
@@ -341,10 +365,11 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     OVERLAPPED_ENTRY *entries = stack_entries;
     uint8_t *routed = stack_routed;
     iocp_buffer_t *buf = NULL;
-    UINT32 got = 0, j;
+    UINT32 got = 0, j, wait;
     DWORD rc, result;
     uint32_t i;
-    int err = 0, first_enable = 0, refused = 0, reenabled = 0;
+    int err = 0, first_enable = 0, refused = 0, reenabled = 0, rearms = 0, split = 0;
+    int64_t deadline = 0;
 
     *received = 0;
     *dropped = 0;
@@ -381,6 +406,8 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                registered for reading) may be too, and its owner must
                not wait for the wait to end to hear of it. */
             first_enable = 1;
+        } else if (regs[i].op == SN_OP_ENABLE) {
+            rearms = 1;
         }
     }
 
@@ -402,14 +429,32 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         count = 0;
     }
 
-    /* THE call: registrations (the caller's, then re-arms) and the wait, in one. */
+    /* THE call: registrations (the caller's, then re-arms) and the wait, in one.
+       The OS may refuse a re-arm too (nothing promises it takes every
+       ENABLE of a registration it holds), and a refusal is known only
+       after the call's wait; the polyfill that takes the socket over then
+       cannot shorten a wait that is over. Applying the re-arms in a call
+       of their own first would cost a kernel transition at every wait
+       that follows a delivery. So such a wait is cut in two: the call that
+       carries the re-arms waits IOCP_REARM_WAIT_MS at most, then a call
+       with nothing to apply waits for the time left. A loop with work
+       pays nothing (its events end the first part); an idle one, one more
+       wake-up per wait; a refused re-arm, at most that much delay. */
+    wait = iocp__timeout(timeout_ms);
+    if (rearms && count != 0 && !ip->polyfill && max_events != 0 &&
+        (timeout_ms < 0 || timeout_ms > IOCP_REARM_WAIT_MS)) {
+        if (timeout_ms > 0)
+            deadline = sn_deadline(timeout_ms);
+        wait = IOCP_REARM_WAIT_MS;
+        split = 1;
+    }
     SN_COUNT(port, SN_COUNT_WAITS);
     if (max_events == 0) {
         /* PSN's rule: no room for entries means no wait at all. */
         rc = ip->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
     } else {
-        rc = ip->process(ip->iocp, count, count ? kregs : NULL,
-                         iocp__timeout(timeout_ms), max_events, entries, &got);
+        rc = ip->process(ip->iocp, count, count ? kregs : NULL, wait, max_events, entries,
+                         &got);
     }
     if (count != 0) {
         if (iocp__whole_call_failed(rc)) {
@@ -421,6 +466,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
             if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc,
                                      &refused)) != 0)
                 goto out;
+            split = 0;    /* the wait below is the whole of it */
             SN_COUNT(port, SN_COUNT_WAITS);
             rc = max_events == 0
                      ? ip->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL)
@@ -440,6 +486,16 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                     rc = ERROR_SUCCESS;
                 }
             }
+        }
+    }
+    if (split && got == 0 && (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)) {
+        /* The rest of a wait cut in two (above), with every verdict known
+           and a refused re-arm's socket in the polyfill's care. */
+        int64_t left = timeout_ms < 0 ? -1 : sn_time_left(deadline);
+        if (left != 0) {
+            SN_COUNT(port, SN_COUNT_WAITS);
+            rc = ip->process(ip->iocp, 0, NULL, iocp__timeout(left), max_events, entries,
+                             &got);
         }
     }
     if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
@@ -462,7 +518,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         got = left;
     }
     for (j = 0; j < got; j++) {
-        if (iocp__kevent(&entries[j], &events[*received]))
+        if (iocp__kevent(&entries[j], &events[*received], ip->polyfill || ip->model))
             (*received)++;
         else
             (*dropped)++;

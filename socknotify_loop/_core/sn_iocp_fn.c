@@ -93,6 +93,10 @@ sn_process_socket_notifications_fn sn_iocp_function(int backend) {
     }
 }
 
+/* In a raw notification's events: the packet carried an lpOverlapped
+   (socknotify_loop/probe.py reads this bit). */
+#define SN_RAW_OVERLAPPED 0x80000000u
+
 int sn_raw_open(int backend, uint64_t *handle) {
     HANDLE iocp;
     if (sn_iocp_function(backend) == NULL)
@@ -137,6 +141,12 @@ int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registration
         for (i = 0; i < got; i++) {
             notifications[i].key = (uint64_t)entries[i].lpCompletionKey;
             notifications[i].events = entries[i].dwNumberOfBytesTransferred;
+            /* The probe asks what a notification's lpOverlapped (reserved)
+               holds: the port drops a packet under a registration's key
+               that carries one (sn_iocp.c, iocp__kevent). Events fit in a
+               byte, so the top bit is free to say so. */
+            if (entries[i].lpOverlapped != NULL)
+                notifications[i].events |= SN_RAW_OVERLAPPED;
         }
         *received = got;
     }

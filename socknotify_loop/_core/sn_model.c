@@ -56,7 +56,15 @@
  * DISABLE, like ENABLE, wants LEVEL or EDGE; a registration ended by
  * closesocket() leaves a notification queued under its key ("already-
  * queued notifications might still be delivered"), seen when the model
- * meets the closed handle again. "harshest" is all of them.
+ * meets the closed handle again; a socket's first ENABLE associates the
+ * socket's handle with the port, as the reference page's "associates a set
+ * of sockets with a completion port" may mean, with CreateIoCompletionPort
+ * itself: a handle associated with another port already (overlapped I/O,
+ * a ProactorEventLoop) is refused as CreateIoCompletionPort refuses it, and
+ * the association outlives the REMOVE ("the handle remains associated with
+ * that I/O completion port until it is closed"), so a later port is
+ * refused too and the socket's own overlapped I/O completes on this port
+ * under the registration's key. "harshest" is all of them.
  *
  * How. A process-wide table of model registrations (socket -> port serial,
  * first key, filter, trigger, edge state, REMOVEs outstanding), under one
@@ -152,6 +160,10 @@ static CONDITION_VARIABLE model__released = CONDITION_VARIABLE_INIT;
 static sn_hash_t model__table;
 static model_port_t *model__ports;
 static uint32_t model__serials;
+/* SN_MODEL_MODE_TIES_SOCKET: socket -> the model_reg_t (fingerprint and
+   port serial; nothing else used) of a socket the model associated with a
+   port, which stays associated until the socket is closed. */
+static sn_hash_t model__tied;
 /* Sockets a test told the model to refuse, with their fingerprint: a
    value reused by another socket after closesocket() is not refused. */
 static model_reg_t model__refused[MODEL_REFUSED_MAX];
@@ -335,6 +347,37 @@ static DWORD model__check_enable(const SOCK_NOTIFY_REGISTRATION *reg) {
     return 0;
 }
 
+/* SN_MODEL_MODE_TIES_SOCKET, at a socket's first ENABLE (model lock
+   held): associate its handle with the port under the registration's key,
+   as CreateIoCompletionPort does, unless the model did so for this port
+   already (the association outlives a REMOVE). Returns 0, or the error
+   CreateIoCompletionPort gives for a handle associated with another port
+   (ERROR_INVALID_PARAMETER under Wine, whose server refuses a second
+   association with STATUS_INVALID_PARAMETER). */
+static DWORD model__tie(HANDLE iocp, const model_port_t *mp,
+                        const SOCK_NOTIFY_REGISTRATION *reg) {
+    model_reg_t *t = (model_reg_t *)(uintptr_t)sn_hash_get(&model__tied,
+                                                           (uint64_t)reg->socket);
+    if (t != NULL && model__same_socket(t) && t->serial == mp->serial)
+        return 0;
+    if (CreateIoCompletionPort((HANDLE)reg->socket, iocp, (ULONG_PTR)reg->completionKey, 0) ==
+        NULL) {
+        DWORD error = GetLastError();
+        return error != 0 ? error : MODEL_ERR_TIED;
+    }
+    /* Tied now: remember it (over a closed socket's entry for the value). */
+    if (t == NULL) {
+        if (sn_hash_reserve(&model__tied) != 0 || (t = calloc(1, sizeof *t)) == NULL)
+            return 0;     /* tied, unremembered: a later ENABLE here is refused */
+        sn_hash_put(&model__tied, (uint64_t)reg->socket, (uint64_t)(uintptr_t)t);
+    }
+    memset(t, 0, sizeof *t);
+    t->socket = reg->socket;
+    t->serial = mp->serial;
+    model__fingerprint(t->socket, &t->name, &t->name_len, &t->peer, &t->peer_len, &t->type);
+    return 0;
+}
+
 /* Apply one caller registration (model lock held): the model's rules,
    then the polyfill, register-only. */
 /* A registration closesocket() ended (model lock held). In
@@ -376,6 +419,9 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             return MODEL_ERR_TIED;
         if (reg->triggerFlags & SOCK_NOTIFY_TRIGGER_EDGE)
             high = model__ready(reg->socket, reg->eventFilter);
+        if (r == NULL && (mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
+            (error = model__tie(iocp, mp, reg)) != 0)
+            return error;
         if (r == NULL) {
             r = calloc(1, sizeof *r);
             if (r == NULL)
@@ -504,9 +550,13 @@ static ULONG model__filter(model_port_t *mp, OVERLAPPED_ENTRY *entries, ULONG go
         ULONG_PTR key = e->lpCompletionKey;
         uint32_t events = e->dwNumberOfBytesTransferred;
         model_reg_t *r;
-        if (((uint64_t)key & SN_RESERVED_KEY_BIT) || key == 0 ||
+        if (((uint64_t)key & SN_RESERVED_KEY_BIT) || key == 0 || e->lpOverlapped != NULL ||
             (r = model__find_key(mp->serial, key)) == NULL) {
-            entries[n++] = *e;   /* not a registration of ours: untouched */
+            /* Not a registration of ours: untouched. Nor is the completion
+               of overlapped I/O on a socket the model tied to the port
+               (SN_MODEL_MODE_TIES_SOCKET), under a registration's key but
+               with its OVERLAPPED: the model's notifications have none. */
+            entries[n++] = *e;
             continue;
         }
         if (events & SOCK_NOTIFY_EVENT_REMOVE) {

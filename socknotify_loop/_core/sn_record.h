@@ -99,6 +99,8 @@ typedef struct sn_record {
     uint8_t  state;       /* sn_rstate_t */
     uint8_t  in_kernel;   /* the kernel holds an item for it (see above) */
     uint8_t  quiet;       /* REMOVING/REKEYING: the REMOVE event is not reported */
+    uint8_t  unheard;     /* FIRED by a notification none of whose events
+                             were reported (sn_run.c, sn__deliver) */
     uint8_t  next_trigger;  /* REKEYING: the ENABLE that waits */
     uint16_t next_events;
     uint64_t next_key;
@@ -169,6 +171,7 @@ SN_INLINE void sn__rec_fire(sn_record_t *r) {
     if (!SN_REC_EXPECT(r, SN_REC_BIT(SN_REC_ENABLED), "fire"))
         return;
     r->state = SN_REC_FIRED;
+    r->unheard = 0;
 }
 
 /* FIRED -> ENABLED: the port's own re-arm is on its way. */

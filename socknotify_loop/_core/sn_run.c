@@ -141,21 +141,37 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
         }
         /* Queued before a DISABLE or REMOVE ("might still be delivered"),
            or dequeued by another thread's wait before it: the caller asked
-           for nothing more. And a one-shot registration delivered already
-           (FIRED): the kernel disarmed it, so a second notification under
-           its key was queued before that delivery -- for instance before
-           the DISABLE with which the port re-enables an armed
-           registration (sn_iocp.c) -- and reporting it would report the
-           one readiness twice. */
-        if (record->state >= SN_REC_DISABLED || record->state == SN_REC_FIRED)
+           for nothing more. */
+        if (record->state >= SN_REC_DISABLED)
             continue;
+        /* A one-shot registration delivered already (FIRED): the kernel
+           disarmed it, so a second notification under its key was queued
+           before that delivery -- for instance before the DISABLE with
+           which the port re-enables an armed registration (sn_iocp.c) --
+           and reporting it would report the one readiness twice. Unless
+           nothing of the first was reported: then the first may have been
+           the one queued before that DISABLE, for the filter it ended (IN,
+           where the caller now asks for OUT), and this one the delivery of
+           the filter enabled since. Dropped, it would be lost with the
+           readiness it tells of until some other event ended the wait. */
+        if (record->state == SN_REC_FIRED) {
+            if (!record->unheard)
+                continue;
+            record->unheard = 0;
+        }
         /* A one-shot delivery disarmed the registration in the kernel,
            whatever we make of it: note it for the next re-arm even if
            nothing in it is reported (the kernel may deliver a condition
            outside the filter, such as an error). */
         if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
-            record->state == SN_REC_ENABLED && sn__rearm_push(port, recno))
+            record->state == SN_REC_ENABLED && sn__rearm_push(port, recno)) {
             sn__rec_fire(record);
+            /* Nothing of it for the caller: see FIRED above. */
+            record->unheard =
+                sink->notes != NULL
+                    ? (ev->events & ((uint32_t)record->events | SN_EVENT_ERR)) == 0
+                    : sn__select_mask(record->events, ev->events) == 0;
+        }
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
             if (wanted == 0 || !sn__sink_room(sink, 0))

@@ -49,7 +49,12 @@
 #define SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED  0x20  /* ENABLE of a registration that is
                                                       armed (enabled, not disabled, its
                                                       one-shot not delivered) refused */
-#define SN_MODEL_MODES_HARSHEST              0x3F
+#define SN_MODEL_MODE_TIES_SOCKET            0x40  /* a socket's first ENABLE associates
+                                                      its handle with the port for good, as
+                                                      CreateIoCompletionPort does: a handle
+                                                      associated with another port already
+                                                      is refused */
+#define SN_MODEL_MODES_HARSHEST              0x7F
 #define SN_MODEL_UNTIED          0
 #define SN_MODEL_TIED_HERE       1
 #define SN_MODEL_TIED_REMOVING   2
