@@ -616,6 +616,7 @@ class _TestTransports:
 
     # -- many connections ------------------------------------------------------------
 
+    @pytest.mark.timeout(600)   # above many_bound: the file-wide 120 s is too short under Wine
     def test_many_connections_every_byte_checked(self):
         total, batch = self.connections, 250
 
@@ -648,9 +649,14 @@ class _TestTransports:
             server.close()
             await server.wait_closed()
 
-        self.run_loop(main(), timeout=100)
+        self.run_loop(main(), timeout=self.many_bound)
 
     connections = 1000
+    # The bound only catches a hang: 10,000 connections take about 20 s on
+    # Linux, and several times that under Wine, whose server carries every
+    # socket call (more when CI runs other suites beside it). Wine is how
+    # the Windows code is tested, never how its speed is judged.
+    many_bound = 500 if sys.platform == "win32" else 100
 
 
 class TestOwnTransports(_TestTransports, BaseLoopTestCase):
