@@ -36,8 +36,8 @@ from importlib import metadata
 from typing import Dict, List, Tuple
 
 import pytest
-
 import servers
+
 from socknotify_loop import Loop
 
 from .conftest import _ConformancePolicy, _StockDefaultPolicy
