@@ -28,6 +28,7 @@ MACHINE = "tool or OS feature missing here"
 CHECKOUT = "developer run or partial tree"
 CHANCE = "case not reproducible here"
 UPSTREAM = "skipped by CPython's suite"
+UVLOOP = "skipped by uvloop's suite"
 UNEXPLAINED = "no reason given"
 OTHER = "other"
 
@@ -52,6 +53,9 @@ _FIXED_RULES = [
     (MACHINE, r"no server address|could not be started"),
     (WINE, r"\bwine\b"),
     # CPython's suites skip some tests everywhere, as unreliable.
+    # conformance/test_uvloop_suites.py: uvloop's own skips of its
+    # Test_AIO_* tests, most without a reason (asyncio lacks the feature).
+    (UVLOOP, r"^skipped by uvloop's suite"),
     (UPSTREAM, r"race condition|can hang|\bflaky\b|unreliable|unstable"),
 ]
 # servers.py's need(), pytest.importorskip(), CPython's import_module(); a

@@ -99,7 +99,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_ignore_collect(collection_path, config):
     name = collection_path.name
-    if (_conformance_set() == "light" and name.startswith("test_cpython_")
+    # uvloop's suites (test_uvloop_suites.py) run with the full set only:
+    # the oldest and newest Pythons are enough for a second opinion on the
+    # transports that CPython's suites already drive on every version.
+    if (_conformance_set() == "light"
+            and (name.startswith("test_cpython_") or name == "test_uvloop_suites.py")
             and name.endswith(".py") and name not in LIGHT_MODULES):
         # A module named on the command line runs whatever the set.
         named = {os.path.basename(arg.split("::")[0]) for arg in config.args}
