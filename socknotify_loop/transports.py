@@ -24,7 +24,7 @@ the paths that run per event for this loop. The choices, and why:
   then a non-empty ``bytes`` object (one type test, where ``isinstance``
   against three types is a call); then one ``send``, and a full send
   returns at once. The rarer cases (other buffer types, errors, a
-  non-empty buffer) go to :meth:`_write_slow`, which keeps asyncio's order
+  non-empty buffer) go to :meth:`_write_checked`, which keeps asyncio's order
   of checks and errors.
 - The write buffer is one ``bytearray``: a partial send keeps only what is
   left, deleting from its front is cheap in CPython (the array moves its
@@ -516,8 +516,8 @@ class SocketTransport(_Common, asyncio.Transport):
 
     def write(self, data: Any) -> None:
         """Send ``data`` now as far as the socket takes it, buffer the rest."""
-        if not self._can_send or type(data) is not bytes or not data:
-            self._write_slow(data)
+        if ((not self._can_send or type(data) is not bytes or not data)
+                and not self._write_checked(data)):
             return
         try:
             n = self._sock.send(data)  # type: ignore[union-attr]
@@ -538,11 +538,12 @@ class SocketTransport(_Common, asyncio.Transport):
         self._can_send = False
         self._maybe_pause_protocol()
 
-    def _write_slow(self, data: Any) -> None:
-        """write() for every case but the plain one, in asyncio's order of
-        checks: the type, end of file, sendfile, empty data, a lost
-        connection (counted, and logged past a threshold), then a send if
-        nothing is buffered."""
+    def _write_checked(self, data: Any) -> bool:
+        """write()'s checks for every case but the plain one, in asyncio's
+        order: the type, end of file, sendfile, empty data, a lost
+        connection (counted, and logged past a threshold), data already
+        buffered (appended). True when ``data`` is to be sent now, by
+        write()'s one send."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(_WRITE_TYPE_MESSAGE.format(type(data).__name__))
         if self._eof:
@@ -550,28 +551,18 @@ class SocketTransport(_Common, asyncio.Transport):
         if self._empty_waiter is not None:
             raise RuntimeError("unable to write; sendfile is in progress")
         if not data:
-            return
+            return False
         if self._conn_lost:
             if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
                 logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
             self._can_send = False
-            return
+            return False
         if self._buffer:
             self._buffer.extend(data)
             self._maybe_pause_protocol()
-            return
-        try:
-            n = self._sock.send(data)  # type: ignore[union-attr]
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal write error on socket transport")
-            return
-        if n != len(data):
-            self._buffer_rest(data, n)
+            return False
+        return True
 
     def writelines(self, list_of_data: Any) -> None:
         """Write the concatenation of ``list_of_data`` (one send, not many)."""
