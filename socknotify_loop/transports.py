@@ -354,32 +354,27 @@ class _Common:
         if self.get_write_buffer_size() <= self._high_water or self._protocol_paused:
             return
         self._protocol_paused = True
-        try:
-            self._protocol.pause_writing()
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._loop.call_exception_handler({
-                "message": "protocol.pause_writing() failed",
-                "exception": exc,
-                "transport": self,
-                "protocol": self._protocol,
-            })
+        self._flow_callback(self._protocol.pause_writing, "pause_writing")
 
     def _maybe_resume_protocol(self) -> None:
         if self._protocol_paused and self.get_write_buffer_size() <= self._low_water:
             self._protocol_paused = False
-            try:
-                self._protocol.resume_writing()
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._loop.call_exception_handler({
-                    "message": "protocol.resume_writing() failed",
-                    "exception": exc,
-                    "transport": self,
-                    "protocol": self._protocol,
-                })
+            self._flow_callback(self._protocol.resume_writing, "resume_writing")
+
+    def _flow_callback(self, callback: Any, name: str) -> None:
+        """The protocol's pause_writing() or resume_writing(): a failure is
+        the exception handler's, as with asyncio, and the transport goes on."""
+        try:
+            callback()
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._loop.call_exception_handler({
+                "message": f"protocol.{name}() failed",
+                "exception": exc,
+                "transport": self,
+                "protocol": self._protocol,
+            })
 
 
 class SocketTransport(_Common, asyncio.Transport):
