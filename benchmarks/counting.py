@@ -14,9 +14,10 @@ from typing import Callable, Dict, List, Tuple
 from .loops import CONTROLS
 from .runner import RAW, Platform, run_worker
 
-# Every ping-pong case: each round trip is the same work, so N of them
-# subtract cleanly. trio expresses the streams case only.
-CASES = ["pingpong_streams", "pingpong_protocol", "pingpong_sock", "udp_pingpong"]
+# Every ping-pong case, and connection churn (a "round trip" there is one
+# connection: connect, one exchange, close): each repeats the same work, so
+# N of them subtract cleanly. trio expresses the streams case only.
+CASES = ["pingpong_streams", "pingpong_protocol", "pingpong_sock", "udp_pingpong", "churn"]
 TRIO_CASES = {"pingpong_streams"}
 
 

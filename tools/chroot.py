@@ -486,7 +486,7 @@ def test(version: str, pytest_args: List[str]) -> int:
         # Our pytest runs from the copy, which has no compiled core: the
         # tests import the installed package (tests/test_packaging.py
         # checks it), as in tox's envs.
-        pytest = [f"{venv}/bin/pytest", "-p", "no:cacheprovider", "-q", "-rs"]
+        pytest = [f"{venv}/bin/pytest", "-p", "no:cacheprovider", "-q", "-rfEs"]
         if pytest_args:
             return _in_tree(path, pytest + pytest_args, env=env, cwd=source, check=False)
         first = _in_tree(path, pytest + ["--ignore=tests/conformance", "tests"], env=env,

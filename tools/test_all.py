@@ -203,6 +203,16 @@ def tail_lines(text, count):
     return lines[-count:]
 
 
+def failure_lines(text, count=20):
+    """pytest's short summary lines for failures and errors (``-rfE``), so
+    the report names the failing test and not only how many failed."""
+    lines = [line for line in text.splitlines()
+             if line.startswith(("FAILED ", "ERROR "))]
+    if len(lines) > count:
+        return lines[:count] + [f"... and {len(lines) - count} more"]
+    return lines
+
+
 def report(result_file, envs, elapsed, log_dir):
     """Per environment: status, time, the closing lines of each command;
     then the table of times and, past the budget, the warning."""
@@ -232,7 +242,8 @@ def report(result_file, envs, elapsed, log_dir):
             words = command.get("command", [])
             print("  $ " + " ".join(os.path.basename(w) if i == 0 else w
                                     for i, w in enumerate(words))[:160])
-            for line in tail_lines(command.get("output", ""), 4):
+            output = command.get("output", "")
+            for line in failure_lines(output) + tail_lines(output, 4):
                 print("    " + line[:300])
     print("\n[test_all] time per environment (side by side, so they add up to more "
           "than the run):")

@@ -95,7 +95,7 @@ def _run_windows_pytest(version: str, runs, rundir: str) -> int:
     for run_args in runs:
         start = time.monotonic()
         proc = wine_python(version, ["-m", "pytest", "-p", "no:cacheprovider",
-                                     "--rootdir", windows_path(ROOT), "-rs", *run_args],
+                                     "--rootdir", windows_path(ROOT), "-rfEs", *run_args],
                            check=False, cwd=rundir, timeout=RUN_TIMEOUT)
         log(f"pytest under Wine (Python {version}) exited {proc.returncode} "
             f"after {time.monotonic() - start:.0f} s")
