@@ -957,3 +957,336 @@ def test_loop_listener_outlives_its_loop():
                 assert control(port, lib.SN_MODEL_TIED, listener) == lib.SN_MODEL_TIED_HERE
             finally:
                 loop.close()
+
+
+# -- many refused sockets at once -------------------------------------------------------
+
+#: Socket pairs in the tests of many refusals at once: more than one of
+#: anything the port keeps on its stack per call would make a single one.
+MANY = 64
+#: A select, a process or a loop round that carries refused re-arms must end
+#: within this, against a wait of WAIT: a bound that catches a wait sat out,
+#: not a measure of speed (a loaded two-core machine runs these under Wine).
+PROMPT = 2.0
+WAIT = 10.0
+
+
+class Pairs:
+    """``count`` connected pairs (``a[i]``, ``b[i]``), closed together."""
+
+    def __init__(self, count: int) -> None:
+        self.a: list[socket.socket] = []
+        self.b: list[socket.socket] = []
+        try:
+            for _ in range(count):
+                a, b = nonblocking_pair()
+                self.a.append(a)
+                self.b.append(b)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Pairs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for s in self.a + self.b:
+            s.close()
+
+
+def refuse_all(port: Port, socks) -> None:
+    for s in socks:
+        refuse(port, s)
+
+
+def accept_again(port: Port, socks) -> None:
+    """Lift refusals (as the other refusal tests do, in their finally)."""
+    for s in socks:
+        if s.fileno() != -1:
+            lib.sn_model_control(port._handle, lib.SN_MODEL_REFUSE, s.fileno(), 0)
+
+
+def drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def collect_selected(sel: NotifySelector, pairs: Pairs, expected: set[int],
+                     sent: set[int] | None = None) -> None:
+    """select(WAIT) until every key in ``expected`` (the indices, the keys'
+    data) has been reported: each select returns within PROMPT and reports
+    readable sockets of ``expected`` only, each once (it is drained as it is
+    reported, so a second report would be a socket reported while not
+    ready); ``sent``, when given, holds what was made readable so far."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + PROMPT + len(expected) * 0.05
+    while seen != expected:
+        assert time.monotonic() < deadline, f"never reported: {sorted(expected - seen)}"
+        start = time.monotonic()
+        ready = sel.select(WAIT)
+        took = time.monotonic() - start
+        assert took < PROMPT, (took, sorted(expected - seen))
+        for key, mask in ready:
+            i = key.data
+            assert mask == EVENT_READ, (i, mask)
+            assert i in expected, f"socket {i} reported, never made readable"
+            assert i not in seen, f"socket {i} reported twice"
+            if sent is not None:
+                assert i in sent, f"socket {i} reported before it was sent to"
+            seen.add(i)
+            drain(pairs.a[i])
+
+
+def send_later(pairs: Pairs, which: list[int], gap: float, sent: set[int]) -> threading.Thread:
+    """A thread that sends a byte to each of ``which`` in turn, ``gap``
+    seconds apart (the first after one gap)."""
+    def run() -> None:
+        for i in which:
+            time.sleep(gap)
+            sent.add(i)
+            pairs.b[i].send(b"x")
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def check_many_refused_rearms(sel: NotifySelector, pairs: Pairs, refused: list[int],
+                              pattern: str) -> None:
+    """Every socket registered and delivered once, then ``refused`` refused,
+    so the re-arms of those that select delivered last ride the next call
+    together and go to the polyfill in it; readiness then comes in
+    ``pattern``: on all at once, on a few later, or on one after another.
+    Each is heard promptly, once; after one more round every refused socket
+    is the polyfill's (one fallback each); the unregistered are never heard
+    again."""
+    everyone = set(range(len(pairs.a)))
+    for i, a in enumerate(pairs.a):
+        sel.register(a, EVENT_READ, i)
+    assert sel.select(0) == []
+    for b in pairs.b:
+        b.send(b"x")
+    time.sleep(0.1)       # all readable, so that one select delivers most of them
+    collect_selected(sel, pairs, everyone)
+    refuse_all(sel.port, [pairs.a[i] for i in refused])
+    if pattern == "at once":
+        for b in pairs.b:
+            b.send(b"x")
+        collect_selected(sel, pairs, everyone)
+    elif pattern == "a few":
+        few = sorted({0, len(pairs.a) // 3, len(pairs.a) // 2, len(pairs.a) - 1})
+        sent: set[int] = set()
+        thread = send_later(pairs, few, 0.2, sent)
+        collect_selected(sel, pairs, set(few), sent)
+        thread.join(5)
+        assert sel.select(0.2) == []
+    else:
+        sent = set()
+        thread = send_later(pairs, list(range(len(pairs.a))), 0.005, sent)
+        collect_selected(sel, pairs, everyone, sent)
+        thread.join(5)
+    # One more round: every socket delivered, its re-arm refused or not.
+    for b in pairs.b:
+        b.send(b"x")
+    collect_selected(sel, pairs, everyone)
+    assert sel.select(0.1) == []
+    assert sel.port.counters()["fallbacks"] == len(refused)
+    # Half of them unregistered (the polyfill's and the OS's alike): the
+    # others are heard, those never again.
+    gone = set(range(0, len(pairs.a), 2))
+    for i in gone:
+        sel.unregister(pairs.a[i])
+    for b in pairs.b:
+        b.send(b"x")
+    collect_selected(sel, pairs, everyone - gone)
+    assert sel.select(0.2) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pattern", ["at once", "a few", "one after another"])
+@pytest.mark.parametrize("which", ["all", "half"])
+def test_selector_many_refused_rearms_in_one_call(which, pattern):
+    """MANY one-shot re-arms refused in the same call (all of them, or every
+    other one beside re-arms the OS takes): the polyfill takes each socket
+    over, and the select that carries them does not sit out its wait."""
+    with Pairs(MANY) as pairs, NotifySelector("strict") as sel:
+        refused = list(range(MANY)) if which == "all" else list(range(1, MANY, 2))
+        try:
+            check_many_refused_rearms(sel, pairs, refused, pattern)
+        finally:
+            accept_again(sel.port, pairs.a)
+
+
+@pytest.mark.timeout(120)
+def test_selector_many_refused_rearms_in_two_threads():
+    """Two threads, each with its own selector, each with its sockets'
+    re-arms refused together, at the same time."""
+    errors: list[BaseException] = []
+
+    def one(pattern: str) -> None:
+        try:
+            with Pairs(MANY // 2) as pairs, NotifySelector("strict") as sel:
+                try:
+                    check_many_refused_rearms(sel, pairs, list(range(MANY // 2)), pattern)
+                finally:
+                    accept_again(sel.port, pairs.a)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(pattern,), daemon=True)
+               for pattern in ("at once", "one after another")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread never finished"
+    if errors:
+        raise errors[0]
+
+
+def tie_all(socks) -> OtherPort:
+    """One other completion port, every socket of ``socks`` tied to it."""
+    import _overlapped
+    other = OtherPort(socks[0])
+    for s in socks[1:]:
+        _overlapped.CreateIoCompletionPort(s.fileno(), other.handle, 1, 0)
+    return other
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["refused", "tied", "half refused"])
+def test_port_many_refused_enables_in_one_call(how):
+    """MANY first ENABLEs in one process() call, refused (as a layered
+    provider's sockets, or as sockets tied to another completion port by
+    CreateIoCompletionPort), or every other one refused beside ENABLEs the
+    OS takes: each refused socket is one fallback, the readable ones are
+    reported at once, each once, the others when they become readable."""
+    with Pairs(MANY) as pairs, Port("strict") as port:
+        other = None
+        if how == "tied":
+            set_modes(port, lib.SN_MODEL_MODE_TIES_SOCKET)
+            other = tie_all(pairs.a)
+            refused = MANY
+        elif how == "refused":
+            refuse_all(port, pairs.a)
+            refused = MANY
+        else:
+            refuse_all(port, pairs.a[1::2])
+            refused = MANY // 2
+        try:
+            readable = set(range(0, MANY, 3))
+            for i in readable:
+                pairs.b[i].send(b"x")
+            regs = [Registration(a, i + 1, EVENT_IN, trigger=ONESHOT)
+                    for i, a in enumerate(pairs.a)]
+
+            def collect(expected: set[int]) -> None:
+                seen: set[int] = set()
+                deadline = time.monotonic() + PROMPT + len(expected) * 0.05
+                batch = regs
+                while seen != expected:
+                    assert time.monotonic() < deadline, sorted(expected - seen)
+                    start = time.monotonic()
+                    notes = port.process(batch, timeout=WAIT)
+                    assert time.monotonic() - start < PROMPT, sorted(expected - seen)
+                    batch = []
+                    for key, events in notes:
+                        i = key - 1
+                        assert events == EVENT_IN, (i, events)
+                        assert i in expected and i not in seen, (i, sorted(seen))
+                        seen.add(i)
+
+            collect(readable)
+            assert port.counters()["fallbacks"] == refused
+            assert port.process([], timeout=0.1) == []
+            # The rest, one after another: their one-shot ENABLEs of the
+            # first call are still armed, the polyfill's and the OS's.
+            rest = sorted(set(range(MANY)) - readable)
+            sent: set[int] = set()
+            thread = send_later(pairs, rest, 0.005, sent)
+            regs = []
+            collect(set(rest))
+            thread.join(5)
+            assert port.counters()["fallbacks"] == refused
+        finally:
+            accept_again(port, pairs.a)
+            if other is not None:
+                other.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("which", ["all", "half"])
+def test_loop_many_readers_refused_at_once(which):
+    """MANY readers of a loop (add_reader), heard together in one select;
+    the callbacks refuse them, so their re-arms ride the loop's next
+    select, which blocks (nothing else to do) while the next bytes arrive
+    from another thread. Every byte arrives, promptly; then again, one
+    socket after another."""
+    loop = Loop(selector=NotifySelector("strict"))
+    with Pairs(MANY) as pairs:
+        port = loop._selector.port
+        refused = list(range(MANY)) if which == "all" else list(range(0, MANY, 2))
+        try:
+            heard: dict[int, int] = {}
+            done = loop.create_future()
+            refuse_first = [True]
+            sent: set[int] = set()
+
+            def on_readable(i: int) -> None:
+                try:
+                    data = pairs.a[i].recv(4096)
+                except BlockingIOError:
+                    return
+                heard[i] = heard.get(i, 0) + len(data)
+                if len(heard) < MANY:
+                    return
+                if refuse_first[0]:
+                    # Within the loop's iteration: its next select carries
+                    # the re-arms, and nothing is ready to cut its wait.
+                    refuse_first[0] = False
+                    heard.clear()
+                    refuse_all(port, [pairs.a[i] for i in refused])
+                    timer = threading.Timer(0.2, send_later,
+                                            (pairs, list(range(MANY)), 0, sent))
+                    timer.daemon = True
+                    timer.start()
+                elif not done.done():
+                    done.set_result(None)
+
+            for i, a in enumerate(pairs.a):
+                loop.add_reader(a, on_readable, i)
+
+            async def rounds() -> None:
+                nonlocal done
+                start = time.monotonic()
+                await asyncio.wait_for(done, WAIT)
+                took = time.monotonic() - start
+                assert took < PROMPT, (took, sorted(set(range(MANY)) - set(heard)))
+                assert heard == dict.fromkeys(range(MANY), 1)
+                # One after another, from a thread.
+                heard.clear()
+                done = loop.create_future()
+                start = time.monotonic()
+                thread = send_later(pairs, list(range(MANY)), 0.005, sent)
+                await asyncio.wait_for(done, WAIT)
+                took = time.monotonic() - start
+                assert took < PROMPT + 0.005 * MANY, (took, sorted(set(range(MANY)) - set(heard)))
+                assert heard == dict.fromkeys(range(MANY), 1)
+                thread.join(5)
+                await asyncio.sleep(0.05)      # the last re-arms applied
+
+            for b in pairs.b:
+                b.send(b"x")
+            time.sleep(0.1)       # all readable: the loop's first select hears them all
+            loop.run_until_complete(rounds())
+            assert port.counters()["fallbacks"] == len(refused)
+            for a in pairs.a:
+                loop.remove_reader(a)
+        finally:
+            accept_again(port, pairs.a)
+            loop.close()

@@ -119,12 +119,30 @@ int sn_iocp_fallback_route(iocp_fallbacks_t *fb, HANDLE iocp,
 int sn_iocp_fallback_take(iocp_fallbacks_t *fb, HANDLE iocp,
                           SOCK_NOTIFY_REGISTRATION *kreg) {
     SOCK_NOTIFY_REGISTRATION again;
+    DWORD err;
     if (!iocp__worth_fallback(kreg))
         return 0;
     again = *kreg;
     again.registrationResult = 0;
-    if (iocp__afd_apply(iocp, &again) != 0 || iocp__fb_add(fb, again.socket) != 0)
+    if ((err = iocp__afd_apply(iocp, &again)) != 0) {
+        /* The polyfill would have served the socket but for memory: the
+           owner hears that, not the OS's refusal ("not supported"), which
+           would tell it to give up on a socket that works. */
+        if (err == ERROR_NOT_ENOUGH_MEMORY)
+            kreg->registrationResult = err;
         return 0;
+    }
+    if ((err = (DWORD)iocp__fb_add(fb, again.socket)) != 0) {
+        /* The polyfill holds the socket now, but the set that routes its
+           changes and marks the port as needing the polyfill's clean-up
+           had no room: undo the registration (a REMOVE allocates nothing),
+           or its polls would outlive the port's close unseen. */
+        again.operation = SOCK_NOTIFY_OP_REMOVE;
+        again.registrationResult = 0;
+        iocp__afd_apply(iocp, &again);
+        kreg->registrationResult = err;
+        return 0;
+    }
     kreg->registrationResult = 0;
     return 1;
 }

@@ -38,7 +38,9 @@ int sn_iocp_fallback_route(iocp_fallbacks_t *fb, HANDLE iocp,
    make it good (an ENABLE of a handle that is still an open socket), the
    polyfill applies it, the socket is served by the polyfill from now on,
    kreg->registrationResult becomes 0, and 1 is returned. Otherwise 0, and
-   the refusal stands. */
+   the refusal stands, unless it was memory that the takeover lacked: then
+   the result becomes ERROR_NOT_ENOUGH_MEMORY, and the polyfill keeps
+   nothing of the socket. */
 int sn_iocp_fallback_take(iocp_fallbacks_t *fb, HANDLE iocp,
                           SOCK_NOTIFY_REGISTRATION *kreg);
 

@@ -62,7 +62,7 @@ echo "built $out/test_afd_polyfill.exe"
 # played layered provider, and the allocations per wait, counted by
 # wrapping the C allocator at link time (the core objects stay as built).
 "$cc" $flags -I"$core" "$here/test_win_internals.c" "$out"/*.o \
-    -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc \
+    -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free \
     -o "$out/test_win_internals.exe" -lws2_32 -lntdll
 echo "built $out/test_win_internals.exe"
 # The port code on the strict model, driven call by call.

@@ -42,6 +42,7 @@
 #include "sn_win.h"
 #include "sn_afd.h"
 #include "sn_afd_ws.h"
+#include "sn_testing.h"
 
 #include "check.h"
 #include "win_sockets.h"
@@ -51,23 +52,61 @@
 void *__real_malloc(size_t size);
 void *__real_calloc(size_t count, size_t size);
 void *__real_realloc(void *p, size_t size);
+void __real_free(void *p);
 
 static volatile LONG allocations;   /* every malloc/calloc/realloc */
 static volatile LONG refuse_memory; /* nonzero: every allocation fails */
+/* >= 0: that many more allocations succeed, then every one fails (memory
+   running out part way through a call); -1: no limit. */
+static volatile LONG allow_more = -1;
+/* Blocks the core holds: allocated through the wrappers, not yet freed.
+   The core frees only what it allocated (nothing of a Windows API goes to
+   free()), so after a port is freed this is back where it started. */
+static volatile LONG live;
+
+static int memory_refused(void) {
+    if (refuse_memory)
+        return 1;
+    if (allow_more < 0)
+        return 0;
+    if (InterlockedDecrement(&allow_more) < 0) {
+        allow_more = 0;    /* stays at "none left" until the test resets it */
+        return 1;
+    }
+    return 0;
+}
+
+static void *counted(void *p) {
+    if (p != NULL)
+        InterlockedIncrement(&live);
+    return p;
+}
 
 void *__wrap_malloc(size_t size) {
     InterlockedIncrement(&allocations);
-    return refuse_memory ? NULL : __real_malloc(size);
+    return memory_refused() ? NULL : counted(__real_malloc(size));
 }
 
 void *__wrap_calloc(size_t count, size_t size) {
     InterlockedIncrement(&allocations);
-    return refuse_memory ? NULL : __real_calloc(count, size);
+    return memory_refused() ? NULL : counted(__real_calloc(count, size));
 }
 
 void *__wrap_realloc(void *p, size_t size) {
+    void *q;
     InterlockedIncrement(&allocations);
-    return refuse_memory ? NULL : __real_realloc(p, size);
+    if (memory_refused())
+        return NULL;
+    q = __real_realloc(p, size);
+    if (p == NULL)
+        counted(q);    /* realloc(NULL, n) is a malloc; a move keeps the count */
+    return q;
+}
+
+void __wrap_free(void *p) {
+    if (p != NULL)
+        InterlockedDecrement(&live);
+    __real_free(p);
 }
 
 /* ---------------------------------------------- a played layered provider */
@@ -551,6 +590,197 @@ static void test_buffer_out_of_memory(void) {
     sn_port_free(port);
 }
 
+/* ------------------------------------ memory running out in a takeover */
+
+/* Sockets the strict model refuses (as the OS refuses a layered
+   provider's), readable, registered one-shot in one call while memory
+   runs out after `k` allocations, for every k until the call needs no
+   more than k. Whatever k, the call ends with each registration taken
+   over by the polyfill (result 0) or failed with the port's no-memory
+   error (ERROR_NOT_ENOUGH_MEMORY, as in test_buffer_out_of_memory), never
+   with the OS's refusal the polyfill was there to make good; once memory
+   is back, the failed ones sent again (as their owner would) are taken,
+   every socket is heard exactly once, and nothing is left allocated when
+   the port is freed. With `lift`, the refusals are lifted before the
+   failed ones are sent again (the OS takes them the second time): each is
+   then the OS's alone, not also served by a polyfill registration the
+   failed takeover left behind (which would report it a second time). */
+#define OOM_MAX 8
+
+/* Notifications into the `heard` bitmask; a socket heard twice fails. */
+static void oom_hear(int k, const sn_notification_t *notes, uint32_t got, int n,
+                     unsigned *heard) {
+    uint32_t j;
+    for (j = 0; j < got; j++) {
+        unsigned bit;
+        if (notes[j].key < 1 || notes[j].key > (uint64_t)n || !(notes[j].events & SN_EVENT_IN))
+            continue;
+        bit = 1u << (notes[j].key - 1);
+        if (*heard & bit) {
+            fprintf(stderr, "  k=%d: socket %d heard twice\n", k, (int)notes[j].key - 1);
+            CHECK(0);
+        }
+        *heard |= bit;
+    }
+}
+
+/* The strict model keeps process-wide tables of its registrations
+   (sn_model.c), made at its first registration and kept for the process:
+   made here first, with room for OOM_MAX, so that what oom_takeover counts
+   as left behind is a port's. */
+static void oom_warm_model(void) {
+    SOCKET a[OOM_MAX], b[OOM_MAX];
+    sn_registration_t regs[OOM_MAX];
+    sn_notification_t notes[BIG_WAIT];
+    uint32_t got = 0;
+    int error = 0, i;
+    sn_port_t *port = sn_port_open(SN_BACKEND_STRICT, &error);
+
+    CHECK(port != NULL);
+    if (port == NULL)
+        return;
+    for (i = 0; i < OOM_MAX; i++) {
+        make_pair(&a[i], &b[i]);
+        memset(&regs[i], 0, sizeof regs[i]);
+        regs[i].socket = (uint64_t)a[i];
+        regs[i].key = (uint64_t)i + 1;
+        regs[i].events = SN_EVENT_IN;
+        regs[i].op = SN_OP_ENABLE;
+        regs[i].trigger = SN_TRIGGER_LEVEL | SN_TRIGGER_ONESHOT;
+    }
+    CHECK_EQ(sn_port_process(port, 0, regs, OOM_MAX, 0, notes, BIG_WAIT, &got), 0);
+    for (i = 0; i < OOM_MAX; i++)
+        regs[i].op = SN_OP_REMOVE;
+    CHECK_EQ(sn_port_process(port, 0, regs, OOM_MAX, 0, notes, BIG_WAIT, &got), 0);
+    sn_port_close(port);
+    sn_port_free(port);
+    for (i = 0; i < OOM_MAX; i++) {
+        closesocket(a[i]);
+        closesocket(b[i]);
+    }
+}
+
+static void oom_takeover(int n, int lift) {
+    SOCKET a[OOM_MAX], b[OOM_MAX];
+    sn_registration_t regs[OOM_MAX], again[OOM_MAX];
+    sn_notification_t notes[BIG_WAIT];
+    int error = 0, i, k, done = 0, short_runs = 0;
+    const unsigned all = (1u << n) - 1;
+
+    oom_warm_model();
+    for (k = 0; !done && k < 400; k++) {
+        sn_port_t *port;
+        uint32_t got = 0, failed = 0;
+        unsigned heard = 0;
+        uint64_t counts[SN_COUNT_FALLBACKS + 1] = {0};
+        LONG before;
+        DWORD start, quiet = 0;
+        int rc, short_of_memory;
+
+        for (i = 0; i < n; i++) {
+            make_pair(&a[i], &b[i]);
+            send(b[i], "x", 1, 0);
+        }
+        before = live;
+        port = sn_port_open(SN_BACKEND_STRICT, &error);
+        CHECK(port != NULL);
+        if (port == NULL)
+            return;
+        /* The port's own first allocations (its buffers) come first. */
+        CHECK_EQ(sn_port_process(port, 0, NULL, 0, 0, notes, BIG_WAIT, &got), 0);
+        for (i = 0; i < n; i++) {
+            CHECK_EQ(sn_model_control(port, SN_MODEL_REFUSE, (uint64_t)a[i], 1), 0);
+            memset(&regs[i], 0, sizeof regs[i]);
+            regs[i].socket = (uint64_t)a[i];
+            regs[i].key = (uint64_t)i + 1;
+            regs[i].events = SN_EVENT_IN;
+            regs[i].op = SN_OP_ENABLE;
+            regs[i].trigger = SN_TRIGGER_LEVEL | SN_TRIGGER_ONESHOT;
+        }
+        allow_more = k;
+        rc = sn_port_process(port, 0, regs, (uint32_t)n, 0, notes, BIG_WAIT, &got);
+        short_of_memory = allow_more == 0;
+        allow_more = -1;
+        if (rc != 0) {
+            if (rc != ERROR_NOT_ENOUGH_MEMORY)
+                fprintf(stderr, "  k=%d: the call failed with %d\n", k, rc);
+            CHECK_EQ(rc, ERROR_NOT_ENOUGH_MEMORY);
+            got = 0;
+        }
+        oom_hear(k, notes, got, n, &heard);
+        for (i = 0; i < n; i++) {
+            if (regs[i].result == 0)
+                continue;
+            if (regs[i].result != ERROR_NOT_ENOUGH_MEMORY &&
+                regs[i].result != SN_RESULT_UNAPPLIED) {
+                fprintf(stderr, "  k=%d: registration %d ended with %u\n", k, i,
+                        (unsigned)regs[i].result);
+                CHECK(0);
+            }
+            if (lift)
+                sn_model_control(port, SN_MODEL_REFUSE, (uint64_t)a[i], 0);
+            again[failed] = regs[i];
+            again[failed].result = 0;
+            failed++;
+        }
+        short_runs += failed != 0;
+        if (!short_of_memory && rc == 0)
+            done = 1;    /* the call had all the memory it wanted */
+        /* Memory is back: the failed ones again, then every socket heard
+           within 2 s, and nothing more for 150 ms after that. */
+        if (failed != 0) {
+            CHECK_EQ(sn_port_process(port, 0, again, failed, 0, notes, BIG_WAIT, &got), 0);
+            for (i = 0; i < (int)failed; i++) {
+                if (again[i].result != 0)
+                    fprintf(stderr, "  k=%d: registration %d sent again ended with %u\n", k,
+                            (int)again[i].key - 1, (unsigned)again[i].result);
+                CHECK_EQ(again[i].result, 0);
+            }
+            oom_hear(k, notes, got, n, &heard);
+        }
+        start = GetTickCount();
+        while (GetTickCount() - start < 2000) {
+            CHECK_EQ(sn_port_process(port, 0, NULL, 0, 50, notes, BIG_WAIT, &got), 0);
+            oom_hear(k, notes, got, n, &heard);
+            if (heard != all || got != 0)
+                quiet = GetTickCount();
+            else if (GetTickCount() - quiet >= 150)
+                break;
+        }
+        if (heard != all)
+            fprintf(stderr, "  k=%d: heard %#x of %#x\n", k, heard, all);
+        CHECK_EQ(heard, all);
+        sn_port_counters(port, counts, SN_COUNT_FALLBACKS + 1);
+        CHECK_EQ(counts[SN_COUNT_FALLBACKS], (uint64_t)(lift ? n - (int)failed : n));
+        for (i = 0; i < n; i++) {
+            regs[i].op = SN_OP_REMOVE;
+            regs[i].result = 0;
+        }
+        CHECK_EQ(sn_port_process(port, 0, regs, (uint32_t)n, 0, notes, BIG_WAIT, &got), 0);
+        for (i = 0; i < n; i++)
+            CHECK_EQ(regs[i].result, 0);
+        for (i = 0; i < n; i++)
+            sn_model_control(port, SN_MODEL_REFUSE, (uint64_t)a[i], 0);
+        sn_port_close(port);
+        sn_port_free(port);
+        if (live != before)
+            fprintf(stderr, "  k=%d: %ld blocks left after the port was freed\n", k,
+                    (long)(live - before));
+        CHECK_EQ(live - before, 0);
+        for (i = 0; i < n; i++) {
+            closesocket(a[i]);
+            closesocket(b[i]);
+        }
+    }
+    CHECK(done);
+    CHECK(short_runs > 0);     /* memory did run out in some takeover */
+}
+
+static void test_takeover_out_of_memory_one(void) { oom_takeover(1, 0); }
+static void test_takeover_out_of_memory_several(void) { oom_takeover(OOM_MAX, 0); }
+static void test_takeover_out_of_memory_then_accepted(void) { oom_takeover(1, 1); }
+static void test_takeovers_out_of_memory_then_accepted(void) { oom_takeover(OOM_MAX, 1); }
+
 int main(void) {
     WSADATA wsa;
     if (WSAStartup(MAKEWORD(2, 2), &wsa) != 0) {
@@ -572,6 +802,10 @@ int main(void) {
     RUN(test_busy_select_allocates_once);
     RUN(test_threads_share_buffers);
     RUN(test_buffer_out_of_memory);
+    RUN(test_takeover_out_of_memory_one);
+    RUN(test_takeover_out_of_memory_several);
+    RUN(test_takeover_out_of_memory_then_accepted);
+    RUN(test_takeovers_out_of_memory_then_accepted);
     closesocket(listener);
     WSACleanup();
     printf("%d checks, %d failed\n", checks, failures);
