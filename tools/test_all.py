@@ -204,10 +204,11 @@ def tail_lines(text, count):
 
 
 def failure_lines(text, count=20):
-    """pytest's short summary lines for failures and errors (``-rfE``), so
-    the report names the failing test and not only how many failed."""
+    """pytest's short summary lines for failures and errors (``-rfE``), and
+    the conformance suites' reruns (tests/conformance/conftest.py), so the
+    report names the failing test and not only how many failed."""
     lines = [line for line in text.splitlines()
-             if line.startswith(("FAILED ", "ERROR "))]
+             if line.startswith(("FAILED ", "ERROR ", "RERUN "))]
     if len(lines) > count:
         return lines[:count] + [f"... and {len(lines) - count} more"]
     return lines
