@@ -12,7 +12,7 @@ windows_only = pytest.mark.skipif(not WINDOWS, reason="Windows only")
 #: A test whose signal handler is SIGALRM's, fired by setitimer.
 no_sigalrm = pytest.mark.skipif(
     not hasattr(signal, "setitimer"),
-    reason="SIGALRM and signal.setitimer are POSIX only: Windows has neither")
+    reason="SIGALRM and signal.setitimer are POSIX only (no such signal or timer here)")
 
 
 def running_under_wine() -> bool:
