@@ -286,7 +286,16 @@ class NotifySelector(selectors.BaseSelector):
         # the next one puts them back if no select took them.
         self._packed = 0
         # Guards the bookkeeping above against other threads' changes.
-        self._lock = threading.Lock()
+        # Reentrant: a Python signal handler runs in the thread it
+        # interrupts, between two bytecodes, so one that pauses, resumes or
+        # closes a transport (a change of its registration) may run while
+        # that thread is inside a change with the lock held. A plain lock
+        # would block that thread on itself for good; the stdlib selectors
+        # take no lock and let the handler's change run inside the other
+        # one. So does this one: each change leaves its re-check in the
+        # queue until it has settled, which keeps the port in line with
+        # Python's record whatever runs between its steps.
+        self._lock = threading.RLock()
         # The select token and the ident of the thread holding it (0: free).
         self._token = threading.Lock()
         self._owner = 0

@@ -745,6 +745,14 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as exc:
+                # The writer goes first: the failed datagram is out of the
+                # queue, which may now be empty, and _force_close removes
+                # the writer only for a non-empty queue. Left registered,
+                # it would run again after connection_lost, on a transport
+                # without a loop (asyncio's does, and fails there), and
+                # stay in the selector for a closed descriptor, which the
+                # next socket given that number would inherit.
+                self._loop._remove_writer(self._sock_fd)
                 self._fatal_error(exc, "Fatal write error on datagram transport")
                 return
         self._maybe_resume_protocol()  # may queue more

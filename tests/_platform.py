@@ -1,4 +1,5 @@
 """Facts about the platform the tests run on, and the skip marks they make."""
+import signal
 import sys
 
 import pytest
@@ -8,6 +9,10 @@ WINDOWS = sys.platform == "win32"
 
 linux_only = pytest.mark.skipif(not LINUX, reason="Linux (epoll, /proc, fork) only")
 windows_only = pytest.mark.skipif(not WINDOWS, reason="Windows only")
+#: A test whose signal handler is SIGALRM's, fired by setitimer.
+no_sigalrm = pytest.mark.skipif(
+    not hasattr(signal, "setitimer"),
+    reason="SIGALRM and signal.setitimer are POSIX only (no such signal or timer here)")
 
 
 def running_under_wine() -> bool:

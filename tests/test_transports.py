@@ -8,10 +8,14 @@ asyncio, the reference: a test that fails on the reference is wrong.
 from __future__ import annotations
 
 import asyncio
+import collections
+import errno
 import gc
 import io
 import os
+import random
 import re
+import signal
 import socket
 import struct
 import sys
@@ -19,9 +23,10 @@ import tempfile
 import threading
 import unittest
 import warnings
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
+from _platform import no_sigalrm
 from _testbase import AsyncioTestCase, BaseLoopTestCase, skip_unless_posix
 
 from socknotify_loop import Loop
@@ -79,6 +84,217 @@ class Recorder(asyncio.Protocol):
         self.events.append(("lost", exc))
         if not self.lost.done():
             self.lost.set_result(exc)
+
+
+# -- what the signal and fault tests use -------------------------------------------
+
+class Interrupt(KeyboardInterrupt):
+    """What a signal handler raises to stop the loop, as Ctrl+C's
+    KeyboardInterrupt does: no callback catches it, run_until_complete
+    passes it on."""
+
+
+def _open_fds() -> Optional[int]:
+    """How many descriptors the process has open (Linux), else None."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+class _Echoing(asyncio.Protocol):
+    """One end of an echo connection; both ends carry the connection's key
+    (the client's address), the order of their callbacks and any callback
+    that came after connection_lost."""
+
+    def __init__(self, on_made: Any) -> None:
+        self.on_made = on_made
+        self.transport: Any = None
+        self.key: Any = None
+        self.events: List[Any] = []
+        self.lost_with: List[Optional[BaseException]] = []
+        self.late: List[str] = []
+
+    def _key(self, transport: Any) -> Any:
+        raise NotImplementedError
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.key = self._key(transport)
+        self.events.append(("made",))
+        self.on_made(self, transport)
+
+    def eof_received(self) -> bool:
+        if self.lost_with:
+            self.late.append("eof_received")
+        self.events.append(("eof",))
+        return False
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self.events.append(("lost", exc))
+        self.lost_with.append(exc)
+
+
+class EchoServer(_Echoing):
+    """Sends back what it receives."""
+
+    def _key(self, transport: Any) -> Any:
+        return transport.get_extra_info("peername")
+
+    def data_received(self, data: bytes) -> None:
+        if self.lost_with:
+            self.late.append("data_received")
+        self.transport.write(data)
+
+
+class EchoClient(_Echoing):
+    """Sends its payload in blocks, at most WINDOW bytes ahead of the echo,
+    then its end of file; keeps the echo."""
+
+    CHUNK = 4096
+    WINDOW = 16384
+
+    def __init__(self, payload: bytes, on_made: Any) -> None:
+        super().__init__(on_made)
+        self.payload = payload
+        self.sent = 0
+        self.data = bytearray()
+        self.eof_sent = False
+
+    def _key(self, transport: Any) -> Any:
+        return transport.get_extra_info("sockname")
+
+    def start(self) -> None:
+        self._send_more()
+
+    def _send_more(self) -> None:
+        transport = self.transport
+        if transport.is_closing():
+            return
+        payload = self.payload
+        while self.sent < len(payload) and self.sent - len(self.data) < self.WINDOW:
+            transport.write(payload[self.sent:self.sent + self.CHUNK])
+            self.sent = min(len(payload), self.sent + self.CHUNK)
+        if self.sent == len(payload) and not self.eof_sent:
+            self.eof_sent = True
+            transport.write_eof()
+
+    def data_received(self, data: bytes) -> None:
+        if self.lost_with:
+            self.late.append("data_received")
+        self.data += data
+        self._send_more()
+
+
+def _touched_by(frame: Any) -> List[Any]:
+    """The transports and echo protocols whose code (or whose callback, in
+    a handle being run) is on the stack from ``frame`` down: an exception
+    raised there may leave them half way through a step."""
+    found: List[Any] = []
+
+    def add(value: Any, nested: bool = False) -> None:
+        if isinstance(value, asyncio.Handle) and not nested:
+            # Maybe half made: the signal may land inside call_soon.
+            add(getattr(getattr(value, "_callback", None), "__self__", None), True)
+            for arg in getattr(value, "_args", None) or ():
+                add(arg, True)
+        elif isinstance(value, (asyncio.BaseTransport, _Echoing)):
+            found.append(value)
+
+    while frame is not None:
+        local = frame.f_locals
+        for name in ("self", "handle", "reader", "writer", "transport", "protocol", "proto"):
+            add(local.get(name))
+        frame = frame.f_back
+    return found
+
+
+class _IntoRecorder(Recorder, asyncio.BufferedProtocol):
+    """A Recorder that reads through get_buffer() and buffer_updated()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buf = bytearray(1024)
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data += self.buf[:nbytes]
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    """Queues what it receives; counts connection_lost."""
+
+    def __init__(self) -> None:
+        self.got: asyncio.Queue[Any] = asyncio.Queue()
+        self.lost: asyncio.Future[Optional[BaseException]] = (
+            asyncio.get_event_loop().create_future())
+        self.lost_count = 0
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.got.put_nowait(("data", data))
+
+    def error_received(self, exc: Exception) -> None:
+        self.got.put_nowait(("error", exc))
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self.lost_count += 1
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+
+class FaultySocket(socket.socket):
+    """A socket one call of which raises: ``faults`` maps a method name to
+    {the call's number: the exception}; every other call is the socket's
+    own. ``sendmsg`` counts as ``send`` (asyncio 3.12+ sends a buffer by
+    sendmsg)."""
+
+    def __init__(self, sock: socket.socket,
+                 faults: Dict[str, Dict[int, BaseException]]) -> None:
+        super().__init__(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        self.faults = faults
+        self.calls: collections.Counter = collections.Counter()
+
+    def _fault(self, name: str) -> None:
+        self.calls[name] += 1
+        exc = self.faults.get(name, {}).get(self.calls[name])
+        if exc is not None:
+            raise exc
+
+    def send(self, *args: Any) -> int:   # type: ignore[override]
+        self._fault("send")
+        return super().send(*args)
+
+    def sendmsg(self, *args: Any) -> int:   # type: ignore[override]
+        self._fault("send")
+        return super().sendmsg(*args)
+
+    def recv(self, *args: Any) -> bytes:   # type: ignore[override]
+        self._fault("recv")
+        return super().recv(*args)
+
+    def recv_into(self, *args: Any) -> int:   # type: ignore[override]
+        self._fault("recv_into")
+        return super().recv_into(*args)
+
+    def sendto(self, *args: Any) -> int:   # type: ignore[override]
+        self._fault("sendto")
+        return super().sendto(*args)
+
+    def recvfrom(self, *args: Any) -> Any:   # type: ignore[override]
+        self._fault("recvfrom")
+        return super().recvfrom(*args)
+
+
+#: The failures injected: an allocator's, two kernels' refusals for want of
+#: memory, a peer's reset.
+_FAILURES = [
+    MemoryError,
+    lambda: OSError(errno.ENOBUFS, os.strerror(errno.ENOBUFS)),
+    lambda: OSError(errno.ENOMEM, os.strerror(errno.ENOMEM)),
+    ConnectionResetError,
+]
 
 
 class _TestTransports:
@@ -613,6 +829,495 @@ class _TestTransports:
             self.assertTrue(client.got.empty())   # nothing after connection_lost
 
         self.run_loop(main())
+
+    # -- signal handlers -------------------------------------------------------------
+    #
+    # A Python signal handler runs between two bytecodes of the main thread,
+    # wherever it is: inside a transport's read or write path, inside the
+    # loop's iteration or the selector's bookkeeping. What it does there
+    # must leave every other connection whole.
+
+    def _signal_storm(self, mode: str, seed: int) -> None:
+        """200 echo connections, every byte checked, under SIGALRM every
+        half millisecond (every millisecond for "flow"), the handler doing
+        what ``mode`` says: "count", "flow" (pause_reading()/
+        resume_reading(), close() or abort() of a random transport) or
+        "raise" (an Interrupt out of run_until_complete, a few times; the
+        loop is run again). Connections whose own step an Interrupt cut
+        are only closed and checked for one connection_lost at most."""
+        loop = self.loop
+        rng = random.Random(seed)
+        total = 200
+        conns: List[EchoClient] = []
+        servers: List[EchoServer] = []
+        # Both ends' transports and protocols, as they are made (a transport
+        # forgets its protocol once closed).
+        pairs: List[Tuple[Any, Any]] = []
+        ticks = [0]
+        raised = [0]
+        closed_by_handler: set = set()   # keys of connections closed by the handler
+        touched: List[Any] = []          # what an Interrupt cut half way
+        armed = [False]
+
+        def on_made(proto: Any, transport: Any) -> None:
+            pairs.append((transport, proto))
+            (servers if isinstance(proto, EchoServer) else conns).append(proto)
+
+        def flow(frame: Any) -> None:
+            # Not a connection whose own step the signal cut: a change of
+            # its registration inside its own change is not what stock
+            # asyncio survives either (its selector's record of that
+            # descriptor is rewritten by the outer change). Any other
+            # connection's is, whatever the loop was doing.
+            busy = {id(obj) for obj in _touched_by(frame)}
+            live = [(t, p) for t, p in pairs
+                    if not p.lost_with and id(t) not in busy and id(p) not in busy]
+            if not live:
+                return
+            transport, proto = rng.choice(live)
+            roll = rng.random()
+            if roll < 0.03 and len(closed_by_handler) < 20:
+                closed_by_handler.add(proto.key)
+                if roll < 0.015:
+                    transport.abort()
+                else:
+                    transport.close()
+            elif transport.is_reading():
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+            # Never more than a few paused for long: resume one more.
+            paused = [t for t, _ in live if not t.is_closing() and not t.is_reading()]
+            if len(paused) > 10:
+                rng.choice(paused).resume_reading()
+
+        def interrupt(frame: Any) -> None:
+            # Only inside a run of the loop (an Interrupt in run_forever's
+            # own set-up or tear-down is asyncio's business, not the
+            # transports'), and a few times in all.
+            if not armed[0] or raised[0] >= 5 or ticks[0] % 7:
+                return
+            names = set()
+            f = frame
+            while f is not None:
+                names.add(f.f_code.co_name)
+                f = f.f_back
+            if "_run_once" not in names:
+                return
+            touched.extend(_touched_by(frame))
+            raised[0] += 1
+            armed[0] = False   # once per run of the loop
+            raise Interrupt()
+
+        running = [False]
+        stuck = [0]   # signals in a row that found the handler running
+
+        def handler(signum: int, frame: Any) -> None:
+            # A signal arriving while the handler runs would run it again
+            # inside itself: skipped, so that a slow tick cannot nest
+            # handlers without end. One that never returns (its thread
+            # waiting on itself) fails the test here, in a few seconds,
+            # rather than at the timeout.
+            if running[0]:
+                stuck[0] += 1
+                if stuck[0] * interval > 5:
+                    stuck[0] = 0
+                    raise AssertionError("a call made by the signal handler has not "
+                                         "returned for 5 s: its thread waits on itself")
+                return
+            stuck[0] = 0
+            running[0] = True
+            try:
+                ticks[0] += 1
+                if mode == "flow":
+                    flow(frame)
+                elif mode == "raise":
+                    interrupt(frame)
+            finally:
+                running[0] = False
+
+        def touched_keys() -> set:
+            protocols = {id(t): p for t, p in pairs}
+            keys = set()
+            for obj in touched:
+                proto = protocols.get(id(obj), obj)
+                if isinstance(proto, _Echoing):
+                    keys.add(proto.key)
+            return keys
+
+        def done() -> bool:
+            cut = touched_keys()
+            return all(p.lost_with or p.key in cut for p in conns + servers)
+
+        async def wait_all(deadline: float) -> None:
+            while not done():
+                if loop.time() > deadline:
+                    raise AssertionError(
+                        f"not all connections ended (seed {seed}): "
+                        f"{[(p.key, p.events[-3:]) for p in conns + servers if not p.lost_with]}")
+                armed[0] = True
+                await asyncio.sleep(0.002)
+
+        async def start():
+            server = await loop.create_server(
+                lambda: EchoServer(on_made), LOCALHOST, 0, backlog=total)
+            port = server.sockets[0].getsockname()[1]
+            await asyncio.gather(*(
+                loop.create_connection(
+                    lambda i=i: EchoClient(pattern(48 * 1024 + 37 * i, seed=i), on_made),
+                    LOCALHOST, port)
+                for i in range(total)))
+            # Every end made before the handler may raise: connection_made
+            # is not among what it cuts.
+            await self.until(lambda: len(servers) == total)
+            return server
+
+        gc.collect()   # what an earlier test left is not this one's
+        fds = _open_fds()
+        old_handler = signal.signal(signal.SIGALRM, handler)
+        interval = 0.001 if mode == "flow" else 0.0005   # flow's ticks do more
+        old_timer = signal.setitimer(signal.ITIMER_REAL, interval, interval)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ResourceWarning)
+                server = loop.run_until_complete(start())
+                # Each client starts sending in a callback of its own, so
+                # that an Interrupt cuts one client's start, not all.
+                for proto in conns:
+                    loop.call_soon(proto.start)
+                deadline = loop.time() + 60
+                while True:
+                    try:
+                        loop.run_until_complete(wait_all(deadline))
+                        break
+                    except Interrupt:
+                        pass
+                signal.setitimer(signal.ITIMER_REAL, 0, 0)
+                armed[0] = False
+                # The handler is quiet now: what it cut short is closed by
+                # hand, so that nothing is left open.
+                cut = touched_keys()
+                loop.run_until_complete(self._finish_touched(conns + servers, cut))
+                server.close()
+                loop.run_until_complete(server.wait_closed())
+                loop.run_until_complete(asyncio.sleep(0.01))
+                self.assertGreater(ticks[0], 0)
+                if mode == "raise":
+                    self.assertGreater(raised[0], 0)
+                for proto in conns + servers:
+                    self.assertEqual(proto.late, [], (seed, proto.key, proto.events))
+                    if proto.key in cut:
+                        self.assertLessEqual(len([e for e in proto.events if e[0] == "lost"]), 1)
+                        continue
+                    lost = [i for i, e in enumerate(proto.events) if e[0] == "lost"]
+                    # connection_lost exactly once, and nothing after it.
+                    self.assertEqual(lost, [len(proto.events) - 1], (seed, proto.key, proto.events))
+                    self.assertEqual(proto.events[0], ("made",))
+                for proto in conns:
+                    if proto.key in cut:
+                        continue
+                    # Nothing lost, repeated or reordered: all of it, or
+                    # (closed by the handler) a beginning of it.
+                    if proto.key in closed_by_handler:
+                        self.assertEqual(bytes(proto.data), proto.payload[:len(proto.data)])
+                    else:
+                        self.assertIsNone(proto.lost_with[0], (seed, proto.key, proto.events))
+                        self.assertEqual(len(proto.data), len(proto.payload), (seed, proto.key))
+                        self.assertEqual(bytes(proto.data), proto.payload, (seed, proto.key))
+                del conns[:], servers[:], pairs[:], touched[:], proto
+                gc.collect()
+            self.assertEqual([str(w.message) for w in caught
+                              if issubclass(w.category, ResourceWarning)], [])
+            if fds is not None:
+                self.assertEqual(_open_fds(), fds)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, *old_timer)
+            signal.signal(signal.SIGALRM, old_handler)
+
+    async def _finish_touched(self, protos: List[Any], touched: set) -> None:
+        """Close what an Interrupt cut short (its transport's state is
+        whatever the cut left, the same on every loop), down to the socket."""
+        for proto in protos:
+            if proto.key in touched and not proto.lost_with:
+                proto.transport.abort()
+        await asyncio.sleep(0.01)
+        for proto in protos:
+            if proto.key in touched:
+                sock = getattr(proto.transport, "_sock", None)
+                if sock is not None and sock.fileno() != -1:
+                    self.loop._remove_reader(sock.fileno())
+                    self.loop._remove_writer(sock.fileno())
+                    sock.close()
+
+    @no_sigalrm
+    @pytest.mark.timeout(300, method="thread")   # SIGALRM is the test's own
+    def test_signal_handler_counting(self):
+        for seed in range(2):
+            self._signal_storm("count", seed)
+
+    @no_sigalrm
+    @pytest.mark.timeout(300, method="thread")
+    def test_signal_handler_pauses_resumes_closes(self):
+        for seed in range(3):
+            self._signal_storm("flow", seed)
+
+    @no_sigalrm
+    @pytest.mark.timeout(300, method="thread")
+    def test_signal_handler_raises(self):
+        self.expect_loop_exceptions = True   # an Interrupt may cut a callback's caller
+        for seed in range(3):
+            self._signal_storm("raise", seed)
+
+    # -- injected socket failures ----------------------------------------------------
+    #
+    # The transports call the methods of the socket object they were given:
+    # a FaultySocket raises, at a chosen call, what a kernel or an allocator
+    # can (ENOBUFS, ENOMEM, a reset, MemoryError). The outcome is stock
+    # asyncio's: an OSError goes to connection_lost (a stream) or to
+    # error_received (a datagram), anything else also to the exception
+    # handler; no hang, no spin, nothing lost on the other connections.
+
+    def count_iterations(self) -> List[int]:
+        """Counts the loop's iterations from now on (asyncio's run_forever
+        calls ``self._run_once()``: an instance attribute wins)."""
+        counter = [0]
+        run_once = self.loop._run_once   # type: ignore[attr-defined]
+
+        def counting() -> None:
+            counter[0] += 1
+            run_once()
+
+        self.loop._run_once = counting   # type: ignore[attr-defined]
+        return counter
+
+    async def assert_idle(self, counter: List[int]) -> None:
+        """A tenth of a second with nothing to do takes a few iterations,
+        not a spin's thousands."""
+        start = counter[0]
+        await asyncio.sleep(0.1)
+        self.assertLess(counter[0] - start, 30)
+
+    def assert_unregistered(self, fd: int) -> None:
+        """The closed transport's descriptor is out of the selector (a key
+        left behind is met by the next socket given that number)."""
+        self.assertNotIn(fd, self.loop._selector.get_map())   # type: ignore[attr-defined]
+
+    async def stream_fault(self, case: str, exc: BaseException,
+                           alone: bool = True) -> Tuple[Any, Any]:
+        """One stream connection whose socket raises ``exc`` as ``case``
+        says; checks the transport's side of the outcome and returns the
+        faulty transport and its protocol (the caller checks the exception
+        handler's calls). ``alone``: no other connection may take the
+        descriptor's number meanwhile."""
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        method, _, nth = case.partition("#")
+        faults: Dict[str, Dict[int, BaseException]] = {}
+        if method == "send-buffered":
+            # The first send would block: the data waits in the buffer and
+            # the second send, from the writable callback, fails.
+            faults["send"] = {1: BlockingIOError(), 2: exc}
+        else:
+            faults[method] = {int(nth or 1): exc}
+        faulty = FaultySocket(a, faults)
+        fd = faulty.fileno()
+        factory = _IntoRecorder if method == "recv_into" else Recorder
+        transport, proto = await loop.connect_accepted_socket(factory, sock=faulty)
+        self.check_kind(transport, SocketTransport)
+        peer_tr, peer = await loop.connect_accepted_socket(Recorder, sock=b)
+        if method.startswith("recv"):
+            if nth == "2":
+                peer_tr.write(b"first")
+                await self.until(lambda: bytes(proto.data) == b"first")
+            peer_tr.write(b"second")
+            self.assertIs(await proto.lost, exc)
+            self.assertEqual(bytes(proto.data), b"first" if nth == "2" else b"")
+        else:
+            transport.write(b"payload")
+            self.assertIs(await proto.lost, exc)
+            self.assertEqual(transport.get_write_buffer_size(), 0)
+        self.assertTrue(transport.is_closing())
+        self.assertEqual([e for e in proto.events if isinstance(e, tuple)], [("lost", exc)])
+        self.assertEqual(faulty.fileno(), -1)   # closed with the transport
+        if alone:
+            self.assert_unregistered(fd)
+        await peer.lost   # the peer saw the end
+        self.assertEqual(len([e for e in peer.events if isinstance(e, tuple)]), 1)
+        return transport, proto
+
+    async def datagram_fault(self, case: str, exc: BaseException,
+                             alone: bool = True) -> Tuple[Any, Any]:
+        """One UDP endpoint whose socket raises ``exc`` as ``case`` says
+        (``alone`` as for :meth:`stream_fault`)."""
+        loop = asyncio.get_running_loop()
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        peer.bind((LOCALHOST, 0))
+        peer.setblocking(False)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((LOCALHOST, 0))
+        if case in ("send", "send-buffered"):
+            sock.connect(peer.getsockname())   # the transport sends by send()
+        if case == "send-buffered":
+            faults: Dict[str, Dict[int, BaseException]] = {"send": {1: BlockingIOError(), 2: exc}}
+        else:
+            faults = {case: {1: exc}}
+        faulty = FaultySocket(sock, faults)
+        fd = faulty.fileno()
+        try:
+            transport, proto = await loop.create_datagram_endpoint(_Datagrams, sock=faulty)
+            self.check_kind(transport, DatagramTransport)
+            address = faulty.getsockname()
+            fatal = not isinstance(exc, OSError)
+            if case == "recvfrom":
+                peer.sendto(b"one", address)
+                peer.sendto(b"two", address)
+                if fatal:
+                    self.assertIs(await proto.lost, exc)
+                else:
+                    # The failed call read nothing: both datagrams come next.
+                    got = [await asyncio.wait_for(proto.got.get(), 10) for _ in range(3)]
+                    self.assertEqual(got, [("error", exc), ("data", b"one"), ("data", b"two")])
+            else:
+                # Unconnected, the transport names the address and calls
+                # sendto(); connected, it calls send().
+                addr = peer.getsockname() if case == "sendto" else None
+                transport.sendto(b"one", addr)
+                if fatal:
+                    self.assertIs(await proto.lost, exc)
+                else:
+                    self.assertEqual(await asyncio.wait_for(proto.got.get(), 10), ("error", exc))
+                    # Still open: the next datagram goes out.
+                    transport.sendto(b"two", addr)
+                    data, _ = await asyncio.wait_for(loop.sock_recvfrom(peer, 100), 10)
+                    self.assertEqual(data, b"two")
+            if fatal:
+                self.assertTrue(transport.is_closing())
+                self.assertEqual(transport.get_write_buffer_size(), 0)
+                self.assertEqual(faulty.fileno(), -1)
+            else:
+                self.assertFalse(transport.is_closing())
+                self.assertFalse(proto.lost.done())
+                transport.close()
+                self.assertIsNone(await proto.lost)
+            await asyncio.sleep(0)   # a writer's last callback, if any
+            if alone:
+                self.assert_unregistered(fd)
+            self.assertEqual(proto.lost_count, 1)
+            self.assertTrue(proto.got.empty())   # nothing after connection_lost
+            return transport, proto
+        finally:
+            peer.close()
+
+    def check_handler_calls(self, expected: List[Tuple[BaseException, Any, Any, str]]) -> None:
+        """The exception handler heard of each non-OSError failure once, in
+        asyncio's words and with its context's keys, and of nothing else."""
+        contexts = self.loop_exceptions
+        got = {id(c["exception"]): c for c in contexts}
+        self.assertEqual(len(got), len(contexts), contexts)
+        self.assertEqual(sorted(got), sorted(id(exc) for exc, *_ in expected), contexts)
+        for exc, transport, proto, message in expected:
+            context = got[id(exc)]
+            self.assertEqual(set(context), {"message", "exception", "transport", "protocol"})
+            self.assertEqual(context["message"], message)
+            self.assertIs(context["transport"], transport)
+            self.assertIs(context["protocol"], proto)
+
+    def datagram_cases(self, cases: List[str]) -> List[Tuple[str, Any]]:
+        """``cases`` with each failure, but one case asyncio's transport
+        gets wrong: a send from its writable callback failing with
+        anything but an OSError leaves the writer registered once the
+        queue is empty (its _force_close removes the writer only for a
+        non-empty queue). The callback then runs after connection_lost and
+        fails on the loop it cleared, and the closed descriptor's key stays
+        in the selector, where the next socket given that number meets it
+        (FileNotFoundError from the selector's modify). The loop's own
+        transport removes the writer first, and is held to that."""
+        return [(case, make) for case in cases for make in _FAILURES
+                if self.own or case != "send-buffered" or make is not MemoryError]
+
+    def test_stream_socket_failures(self):
+        self.expect_loop_exceptions = True
+        counter = self.count_iterations()
+        messages = {"recv": "Fatal read error on socket transport",
+                    "recv_into": "Fatal read error on socket transport",
+                    "send": "Fatal write error on socket transport",
+                    "send-buffered": "Fatal write error on socket transport"}
+
+        async def main():
+            for case in ("recv#1", "recv#2", "recv_into#1", "recv_into#2", "send#1",
+                         "send-buffered"):
+                for make in _FAILURES:
+                    exc = make()
+                    del self.loop_exceptions[:]
+                    transport, proto = await self.stream_fault(case, exc)
+                    await self.assert_idle(counter)
+                    expected = ([] if isinstance(exc, OSError) else
+                                [(exc, transport, proto, messages[case.partition("#")[0]])])
+                    self.check_handler_calls(expected)
+
+        self.run_loop(main(), timeout=60)
+
+    def test_datagram_socket_failures(self):
+        self.expect_loop_exceptions = True
+        counter = self.count_iterations()
+
+        async def main():
+            for case, make in self.datagram_cases(
+                    ["recvfrom", "sendto", "send", "send-buffered"]):
+                exc = make()
+                del self.loop_exceptions[:]
+                transport, proto = await self.datagram_fault(case, exc)
+                await self.assert_idle(counter)
+                kind = "read" if case == "recvfrom" else "write"
+                expected = ([] if isinstance(exc, OSError) else
+                            [(exc, transport, proto, f"Fatal {kind} error on datagram transport")])
+                self.check_handler_calls(expected)
+
+        self.run_loop(main(), timeout=60)
+
+    def test_socket_failures_on_many_connections_at_once(self):
+        # 50 streams and 20 datagram endpoints failing together, beside 50
+        # healthy connections whose every byte is checked.
+        self.expect_loop_exceptions = True
+        counter = self.count_iterations()
+        stream_cases = ["recv#1", "recv#2", "recv_into#1", "send#1", "send-buffered"]
+        datagram_cases = self.datagram_cases(["recvfrom", "sendto", "send", "send-buffered"])
+
+        async def healthy(i: int) -> None:
+            loop = asyncio.get_running_loop()
+            a, b = socket.socketpair()
+            tr_a, rec = await loop.connect_accepted_socket(Recorder, sock=a)
+            tr_b, snd = await loop.connect_accepted_socket(Recorder, sock=b)
+            payload = pattern(200_000 + i, seed=i)
+            tr_b.write(payload)
+            tr_b.write_eof()
+            await rec.eof
+            self.assertEqual(bytes(rec.data), payload)
+            self.assertIsNone(await rec.lost)
+            tr_b.close()
+            await snd.lost
+
+        async def main():
+            streams = [(stream_cases[i % 5], _FAILURES[i // 5 % 4]()) for i in range(50)]
+            datagrams = [(case, make()) for case, make in
+                         (datagram_cases[i % len(datagram_cases)] for i in range(20))]
+            results = await asyncio.gather(
+                *(self.stream_fault(case, exc, alone=False) for case, exc in streams),
+                *(self.datagram_fault(case, exc, alone=False) for case, exc in datagrams),
+                *(healthy(i) for i in range(50)))
+            await self.assert_idle(counter)
+            expected = []
+            for (case, exc), (transport, proto) in zip(streams + datagrams, results):
+                if isinstance(exc, OSError):
+                    continue
+                kind = "read" if case.startswith("recv") else "write"
+                what = "socket" if (case, exc) in streams else "datagram"
+                expected.append((exc, transport, proto, f"Fatal {kind} error on {what} transport"))
+            self.check_handler_calls(expected)
+
+        for _ in range(3):
+            self.run_loop(main(), timeout=60)
+            del self.loop_exceptions[:]
 
     # -- many connections ------------------------------------------------------------
 
