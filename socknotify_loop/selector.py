@@ -282,6 +282,9 @@ class NotifySelector(selectors.BaseSelector):
         # backends, the re-checks of interrupted changes on both.
         self._pending: list[_Queued] = []
         self._unsent: set[int] = set()   # tags whose first ENABLE is still queued
+        # True while prepare() hands the queue to the port: a change made
+        # meanwhile (a signal handler's, in this thread) only appends.
+        self._preparing = False
         # How many changes the last prepare() moved into the bound buffer:
         # the next one puts them back if no select took them.
         self._packed = 0
@@ -519,14 +522,18 @@ class NotifySelector(selectors.BaseSelector):
             # another socket (closed and reused at once). The port then
             # gets a REMOVE and an ENABLE under a new tag, and holds the
             # ENABLE back until the REMOVE event: correct, only dearer.
+            # Nor inside a prepare() that this thread is running (a signal
+            # handler's change): it hands the queue as it was to the port,
+            # and a change made meanwhile may only add to its end.
             taken_back = (self._find_take_back(fd)
-                          if pending and not at_once and self._no_select_elsewhere()
+                          if pending and not at_once and not self._preparing
+                          and self._no_select_elsewhere()
                           else None)
             if taken_back is None:
                 tag = self._next_tag
                 self._next_tag = tag + 1
             else:
-                index, tag = taken_back
+                tag = taken_back[1]
             # First the re-check, last its settling: an exception landing
             # anywhere between leaves the next select to make the port agree
             # with what Python recorded (module docstring).
@@ -546,10 +553,13 @@ class NotifySelector(selectors.BaseSelector):
                     del keys[tag]
                     self._settle(recheck)
                     raise self._port.change_error(code)
-                # The re-check is the last entry (other threads wait for the
-                # lock): taken back without a call (_settle is the general case).
+                # The re-check is the last entry unless a signal handler's
+                # change came since (other threads wait for the lock): taken
+                # back without a call (_settle is the general case), and
+                # with no call between the test and the removal, where
+                # a handler could run.
                 if pending[-1] is recheck:
-                    pending.pop()
+                    del pending[-1]
                 else:
                     self._settle(recheck)
             else:
@@ -564,8 +574,10 @@ class NotifySelector(selectors.BaseSelector):
                     # not allow before the REMOVE event ("deregister, wait for
                     # SOCK_NOTIFY_EVENT_REMOVE, and then re-register"): the
                     # port would REMOVE, hold the ENABLE back for the event,
-                    # and on AFD cancel and remake the poll.
-                    del pending[index]
+                    # and on AFD cancel and remake the poll. Found again by
+                    # identity: a signal handler's change since may have
+                    # moved it.
+                    self._settle(taken_back[0])
                 records[fd] = _new_record(_Record, (key, tag))
                 keys[tag] = key
                 if taken_back is None:
@@ -613,22 +625,32 @@ class NotifySelector(selectors.BaseSelector):
         pending.append(recheck)
         del self._records[fd]
         self._keys.pop(tag, None)
-        if tag in self._unsent:
+        if tag in self._unsent and not self._preparing:
             # The port never heard of it: forget its queued changes (the
-            # re-check among them).
+            # re-check among them). In place, from the back, testing each
+            # entry just before removing it: a signal handler's change
+            # landing in this loop adds to the end, and a list built and
+            # assigned back would drop it.
             self._unsent.discard(tag)
-            pending[:] = [c for c in pending if c[1] != tag]
+            for i in range(len(pending) - 1, -1, -1):
+                if pending[i][1] == tag:
+                    del pending[i]
         elif self._at_once:
             # A refused REMOVE is ignored (see _change).
             self._change_now(self._port_address, fd, tag, 0, OP_REMOVE, 0)
             if pending[-1] is recheck:
-                pending.pop()
+                del pending[-1]
             else:
                 self._settle(recheck)
-        elif pending[-1] is recheck:
-            pending[-1] = _new_change(Change, (fd, tag, 0, OP_REMOVE, 0))
         else:
-            self._settle(recheck, _new_change(Change, (fd, tag, 0, OP_REMOVE, 0)))
+            # Made before the test: a handler running as the call returns
+            # may queue changes, and the test must be the last step
+            # before the replacement.
+            remove = _new_change(Change, (fd, tag, 0, OP_REMOVE, 0))
+            if pending[-1] is recheck:
+                pending[-1] = remove
+            else:
+                self._settle(recheck, remove)
         return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
@@ -668,9 +690,9 @@ class NotifySelector(selectors.BaseSelector):
                 self._settle(recheck)
         return key
 
-    def _find_take_back(self, fd: int) -> tuple[int, int] | None:
-        """If the last queued change of ``fd`` is its REMOVE: its index in
-        the queue and its tag (``_lock`` held; completion-port backends)."""
+    def _find_take_back(self, fd: int) -> tuple[_Queued, int] | None:
+        """If the last queued change of ``fd`` is its REMOVE: that change
+        and its tag (``_lock`` held; completion-port backends)."""
         pending = self._pending
         for i in range(len(pending) - 1, -1, -1):
             change = pending[i]
@@ -678,7 +700,7 @@ class NotifySelector(selectors.BaseSelector):
                 continue
             if change[3] != OP_REMOVE:
                 return None
-            return i, change[1]
+            return change, change[1]
         return None
 
     def _prepare(self) -> int:
@@ -703,47 +725,64 @@ class NotifySelector(selectors.BaseSelector):
             count = len(pending)
             if not count:
                 return 0
-            rechecks = [change for change in pending if change[3] == _RECHECK]
-            if rechecks:
-                # Last: a re-check stands for Python's record as it is now,
-                # the end of whatever the changes queued after it did.
-                changes = [change for change in pending if change[3] != _RECHECK]
-                last = {change[1]: i for i, change in enumerate(changes)}
-                # A re-check whose change the queue already ends with adds
-                # nothing but a second ENABLE of an armed registration,
-                # which Windows may refuse ("must not be re-enabled until
-                # the SOCK_NOTIFY_EVENT_DISABLE notification is received").
-                # One that differs from an ENABLE or DISABLE the queue ends
-                # with (a modify cut after it queued its ENABLE and before
-                # Python recorded the new events) takes its place: sent
-                # after it, it would be a second ENABLE of that
-                # registration in one call, which the OS may refuse as
-                # well, and whose retry leaves the first filter's
-                # notification queued ahead of the second's.
-                extra: list[_Queued] = []
-                for change in map(self._resolve, rechecks):
-                    i = last.get(change[1])
-                    if i is None:
-                        extra.append(change)
-                    elif changes[i] == change:
-                        continue
-                    elif changes[i][3] != OP_REMOVE and change[3] != OP_REMOVE:
-                        changes[i] = change
-                    else:
-                        extra.append(change)
-                pending[:] = changes + extra
-                count = len(pending)
-            if count > self._changes_room:
-                room = self._changes_room
-                while room < count:
-                    room *= 2
-                # Cannot be refused: this thread holds the select token.
-                self._bind(self._room, room)
-            self._port.pack_bound_changes(pending)
-            self._packed = count
-            pending.clear()
-            self._unsent.clear()
-            return count
+            # A signal handler may change registrations while this runs
+            # (this thread holds the lock, which is reentrant): its changes
+            # go to the end of the queue (_preparing keeps them from
+            # reaching back into it), and stay there for the next select.
+            # What this select carries is the queue's first `count`.
+            self._preparing = True
+            try:
+                return self._prepare_queued(pending, count)
+            finally:
+                self._preparing = False
+
+    def _prepare_queued(self, pending: list[_Queued], count: int) -> int:
+        """prepare() on a completion port: hand the first ``count`` queued
+        changes to the port, re-checks resolved (``_lock`` held)."""
+        queued = pending[:count]
+        rechecks = [change for change in queued if change[3] == _RECHECK]
+        if rechecks:
+            # Last: a re-check stands for Python's record as it is now,
+            # the end of whatever the changes queued after it did.
+            changes = [change for change in queued if change[3] != _RECHECK]
+            last = {change[1]: i for i, change in enumerate(changes)}
+            # A re-check whose change the queue already ends with adds
+            # nothing but a second ENABLE of an armed registration,
+            # which Windows may refuse ("must not be re-enabled until
+            # the SOCK_NOTIFY_EVENT_DISABLE notification is received").
+            # One that differs from an ENABLE or DISABLE the queue ends
+            # with (a modify cut after it queued its ENABLE and before
+            # Python recorded the new events) takes its place: sent
+            # after it, it would be a second ENABLE of that
+            # registration in one call, which the OS may refuse as
+            # well, and whose retry leaves the first filter's
+            # notification queued ahead of the second's.
+            extra: list[_Queued] = []
+            for change in map(self._resolve, rechecks):
+                i = last.get(change[1])
+                if i is None:
+                    extra.append(change)
+                elif changes[i] == change:
+                    continue
+                elif changes[i][3] != OP_REMOVE and change[3] != OP_REMOVE:
+                    changes[i] = change
+                else:
+                    extra.append(change)
+            queued = changes + extra
+        sent = len(queued)
+        if sent > self._changes_room:
+            room = self._changes_room
+            while room < sent:
+                room *= 2
+            # Cannot be refused: this thread holds the select token.
+            self._bind(self._room, room)
+        self._port.pack_bound_changes(queued)
+        self._packed = sent
+        # The queue's first `count` are in the port's hands now;
+        # anything behind them came from a handler and waits.
+        del pending[:count]
+        self._unsent.clear()
+        return sent
 
     def _apply_now(self, change: Change) -> None:
         """A re-check's change on epoll (``_lock`` held): an ENABLE the port
