@@ -583,6 +583,20 @@ def _interrupted(selector, operation, target: int, filenames) -> bool:
     return False
 
 
+def _change_of_a(selector, a, operation_name):
+    """The register/unregister/modify of ``a`` (to READ, data "a") that
+    the harnesses below cut or nest into, its selector set up for it."""
+    if operation_name == "register":
+        return lambda: selector.register(a, READ, "a")
+    if operation_name == "unregister":
+        selector.register(a, READ, "a")
+        selector.select(0)
+        return lambda: selector.unregister(a)
+    selector.register(a, WRITE, "a")
+    selector.select(0)
+    return lambda: selector.modify(a, READ, "a")
+
+
 def _change_interrupted_everywhere(make_selector, filenames, operation_name):
     """For every point of one register/unregister/modify of a readable
     socket: interrupt it there, then register a socket that is never
@@ -597,21 +611,7 @@ def _change_interrupted_everywhere(make_selector, filenames, operation_name):
         c, d = socket.socketpair()
         try:
             b.send(b"x")
-            if operation_name == "register":
-                def operation(selector=selector, a=a):
-                    selector.register(a, READ, "a")
-            elif operation_name == "unregister":
-                selector.register(a, READ, "a")
-                selector.select(0)
-
-                def operation(selector=selector, a=a):
-                    selector.unregister(a)
-            else:
-                selector.register(a, WRITE, "a")
-                selector.select(0)
-
-                def operation(selector=selector, a=a):
-                    selector.modify(a, READ, "a")
+            operation = _change_of_a(selector, a, operation_name)
             if not _interrupted(selector, operation, target, filenames):
                 break
             landed += 1
@@ -697,6 +697,7 @@ def _changes_nested_everywhere(make_selector, filenames, operation_name):
             a, x, y, z, v = (pairs[name][0] for name in "axyzv")
             selector.register(x, READ, "x")
             selector.register(z, WRITE, "z")
+            selector.select(0)
             if operation_name == "register":
                 # Registered, heard by the port, and unregistered again: the
                 # new register() takes the queued REMOVE back (asyncio's
@@ -704,32 +705,16 @@ def _changes_nested_everywhere(make_selector, filenames, operation_name):
                 selector.register(a, READ, "a")
                 selector.select(0)
                 selector.unregister(a)
-
-                def operation(selector=selector, a=a):
-                    selector.register(a, READ, "a")
-            elif operation_name == "unregister":
-                selector.register(a, READ, "a")
-                selector.select(0)
-
-                def operation(selector=selector, a=a):
-                    selector.unregister(a)
-            elif operation_name == "modify":
-                selector.register(a, WRITE, "a")
-                selector.select(0)
-
-                def operation(selector=selector, a=a):
-                    selector.modify(a, READ, "a")
+            if operation_name != "select":
+                operation = _change_of_a(selector, a, operation_name)
             else:
                 # A select that hands queued changes to the port (on the
                 # completion ports its prepare() rewrites the queue).
-                selector.select(0)
                 selector.register(a, READ, "a")
                 selector.modify(z, WRITE | READ, "z")
 
                 def operation(selector=selector):
                     selector.select(0)
-            if operation_name != "select":
-                selector.select(0)
 
             def inner(selector=selector, x=x, y=y, z=z, v=v):
                 selector.register(y, READ, "y")

@@ -628,6 +628,17 @@ static void oom_hear(int k, const sn_notification_t *notes, uint32_t got, int n,
    (sn_model.c), made at its first registration and kept for the process:
    made here first, with room for OOM_MAX, so that what oom_takeover counts
    as left behind is a port's. */
+/* The i-th socket's first ENABLE for reading, one-shot and level, under
+   key i + 1. */
+static void oom_enable(sn_registration_t *reg, SOCKET s, int i) {
+    memset(reg, 0, sizeof *reg);
+    reg->socket = (uint64_t)s;
+    reg->key = (uint64_t)i + 1;
+    reg->events = SN_EVENT_IN;
+    reg->op = SN_OP_ENABLE;
+    reg->trigger = SN_TRIGGER_LEVEL | SN_TRIGGER_ONESHOT;
+}
+
 static void oom_warm_model(void) {
     SOCKET a[OOM_MAX], b[OOM_MAX];
     sn_registration_t regs[OOM_MAX];
@@ -641,12 +652,7 @@ static void oom_warm_model(void) {
         return;
     for (i = 0; i < OOM_MAX; i++) {
         make_pair(&a[i], &b[i]);
-        memset(&regs[i], 0, sizeof regs[i]);
-        regs[i].socket = (uint64_t)a[i];
-        regs[i].key = (uint64_t)i + 1;
-        regs[i].events = SN_EVENT_IN;
-        regs[i].op = SN_OP_ENABLE;
-        regs[i].trigger = SN_TRIGGER_LEVEL | SN_TRIGGER_ONESHOT;
+        oom_enable(&regs[i], a[i], i);
     }
     CHECK_EQ(sn_port_process(port, 0, regs, OOM_MAX, 0, notes, BIG_WAIT, &got), 0);
     for (i = 0; i < OOM_MAX; i++)
@@ -690,12 +696,7 @@ static void oom_takeover(int n, int lift) {
         CHECK_EQ(sn_port_process(port, 0, NULL, 0, 0, notes, BIG_WAIT, &got), 0);
         for (i = 0; i < n; i++) {
             CHECK_EQ(sn_model_control(port, SN_MODEL_REFUSE, (uint64_t)a[i], 1), 0);
-            memset(&regs[i], 0, sizeof regs[i]);
-            regs[i].socket = (uint64_t)a[i];
-            regs[i].key = (uint64_t)i + 1;
-            regs[i].events = SN_EVENT_IN;
-            regs[i].op = SN_OP_ENABLE;
-            regs[i].trigger = SN_TRIGGER_LEVEL | SN_TRIGGER_ONESHOT;
+            oom_enable(&regs[i], a[i], i);
         }
         allow_more = k;
         rc = sn_port_process(port, 0, regs, (uint32_t)n, 0, notes, BIG_WAIT, &got);
