@@ -533,7 +533,7 @@ class NotifySelector(selectors.BaseSelector):
                 tag = self._next_tag
                 self._next_tag = tag + 1
             else:
-                tag = taken_back[1]
+                tag = taken_back[1]   # the REMOVE's
             # First the re-check, last its settling: an exception landing
             # anywhere between leaves the next select to make the port agree
             # with what Python recorded (module docstring).
@@ -577,7 +577,7 @@ class NotifySelector(selectors.BaseSelector):
                     # and on AFD cancel and remake the poll. Found again by
                     # identity: a signal handler's change since may have
                     # moved it.
-                    self._settle(taken_back[0])
+                    self._settle(taken_back)
                 records[fd] = _new_record(_Record, (key, tag))
                 keys[tag] = key
                 if taken_back is None:
@@ -690,9 +690,10 @@ class NotifySelector(selectors.BaseSelector):
                 self._settle(recheck)
         return key
 
-    def _find_take_back(self, fd: int) -> tuple[_Queued, int] | None:
-        """If the last queued change of ``fd`` is its REMOVE: that change
-        and its tag (``_lock`` held; completion-port backends)."""
+    def _find_take_back(self, fd: int) -> _Queued | None:
+        """If the last queued change of ``fd`` is its REMOVE: that change,
+        whose tag the registration takes back (``_lock`` held;
+        completion-port backends)."""
         pending = self._pending
         for i in range(len(pending) - 1, -1, -1):
             change = pending[i]
@@ -700,7 +701,7 @@ class NotifySelector(selectors.BaseSelector):
                 continue
             if change[3] != OP_REMOVE:
                 return None
-            return change, change[1]
+            return change
         return None
 
     def _prepare(self) -> int:
@@ -781,6 +782,9 @@ class NotifySelector(selectors.BaseSelector):
         # The queue's first `count` are in the port's hands now;
         # anything behind them came from a handler and waits.
         del pending[:count]
+        # A handler's first ENABLE left behind counts as sent from now on:
+        # its unregister then queues a REMOVE behind it instead of deleting
+        # it, which the port applies in order. Dearer, never wrong.
         self._unsent.clear()
         return sent
 

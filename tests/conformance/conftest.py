@@ -95,8 +95,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             f"conformance: the light set, {len(LIGHT_MODULES)} modules "
             "(SOCKNOTIFY_CONFORMANCE=full runs every module)")
-    # Every test that failed its first run, with the last line of that
-    # failure, whatever its second run gave.
+    # Every test that failed its first run, with the first line of that
+    # failure's error (or the report's last line), whatever its second run
+    # gave.
     for report in terminalreporter.stats.get("rerun", []):
         crash = getattr(report.longrepr, "reprcrash", None)
         if crash is not None:
