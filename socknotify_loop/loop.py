@@ -436,6 +436,22 @@ class Loop(asyncio.SelectorEventLoop):
                 got = view.wait(view.port, timeout * 1000.0 if timeout > 0.0 else 0)
             else:
                 got = view.block(view.port)
+            # Timers due: the window ends a clock resolution after now
+            # (asyncio reads the clock once the events are dispatched,
+            # here once the wait returned: the same reading, a dispatch
+            # earlier). Known before the dispatch, so that it can tell
+            # whether the ready event is all this iteration runs.
+            if scheduled:
+                if _END_TIME_ULP:
+                    now = self.time()
+                    resolution = self._clock_resolution
+                    ulp = _ulp(now)
+                    end_time = now + (ulp if ulp > resolution else resolution)
+                else:
+                    end_time = self.time() + self._clock_resolution
+                due = scheduled[0]._when < end_time
+            else:
+                due = False
             if got > 0:
                 # One pair comes in the answer itself (its low two bits,
                 # the mask, are not 0); more are in the buffer.
@@ -461,6 +477,22 @@ class Loop(asyncio.SelectorEventLoop):
                         if mask != 2 and reader is not None:
                             if reader._cancelled:
                                 self._remove_reader(key.fileobj)
+                            elif (mask == 1 and not ready and not due
+                                    and type(reader) is _PlainHandle and not reader._args):
+                                # The read is all this iteration runs:
+                                # nothing was ready before it and no timer
+                                # is due after it. Run it now, as the run
+                                # below would, without the round trip
+                                # through the ready queue; what it
+                                # schedules runs next time, as there.
+                                key = writer = None
+                                try:
+                                    reader._context.run(reader._callback)
+                                except (SystemExit, KeyboardInterrupt):
+                                    raise
+                                except BaseException as exc:  # as Handle._run does
+                                    _callback_failed(reader, exc)
+                                return
                             else:
                                 ready.append(reader)
                         if mask != 1 and writer is not None:
@@ -501,15 +533,7 @@ class Loop(asyncio.SelectorEventLoop):
             elif got:
                 view.raise_for(got)
 
-            # Timers that are due.
-            if scheduled:
-                if _END_TIME_ULP:
-                    now = self.time()
-                    resolution = self._clock_resolution
-                    ulp = _ulp(now)
-                    end_time = now + (ulp if ulp > resolution else resolution)
-                else:
-                    end_time = self.time() + self._clock_resolution
+            if due:
                 while scheduled:
                     handle = scheduled[0]
                     if handle._when >= end_time:

@@ -1309,3 +1309,173 @@ def test_cancelled_timers_leave_the_heap_as_asyncio_drops_them(make):
         assert all(not h._cancelled for h in loop._scheduled)
     finally:
         loop.close()
+
+
+# -- what one iteration runs, and in what order ---------------------------------------------
+# A read that is all an iteration has to run (nothing ready before it, no
+# timer due after it) runs at once, without going through the ready queue.
+# Each scenario records what ran in which iteration, on ours and on
+# asyncio's loop: the two records must be the same.
+
+def _iterations(make, scenario, turns=4):
+    """[(iteration, what ran)] for ``scenario(loop, log, sock)``, which
+    sets things up before the first of at most ``turns`` iterations; ``sock``
+    is the readable end of a socket pair with a byte waiting. The turns end
+    once an iteration would only wait (nothing ready, nothing registered
+    but the loop's own self-pipe, no timer due)."""
+    loop = make()
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    record = []
+    turn = [0]
+
+    def log(what):
+        record.append((turn[0], what))
+
+    try:
+        b.send(b"x")
+        scenario(loop, log, a)
+        for turn[0] in range(turns):
+            scheduled = loop._scheduled
+            if not (loop._ready or len(loop._selector.get_map()) > 1
+                    or (scheduled and scheduled[0]._when <= loop.time())):
+                break
+            loop._run_once()
+        return record
+    finally:
+        loop.remove_reader(a)
+        loop.close()
+        a.close()
+        b.close()
+
+
+def _read_once(loop, log, sock, then=None):
+    """A reader that reads, logs, removes itself and runs ``then``."""
+    def reader():
+        sock.recv(1)
+        log("read")
+        loop.remove_reader(sock)
+        if then is not None:
+            then()
+    return reader
+
+
+def _alone(loop, log, sock):
+    # The read alone; what it schedules runs in the next iteration,
+    # a timer it sets already due after the callback it scheduled first.
+    def then():
+        loop.call_soon(log, "soon")
+        loop.call_at(loop.time() - 1, log, "timer")
+    loop.add_reader(sock, _read_once(loop, log, sock, then))
+
+
+def _after_a_ready_callback(loop, log, sock):
+    loop.call_soon(log, "ready before")
+    loop.add_reader(sock, _read_once(loop, log, sock))
+
+
+def _with_a_timer_due(loop, log, sock):
+    # Due by the time the wait returns: it runs after the read, in the
+    # same iteration.
+    loop.call_at(loop.time() - 1, log, "timer")
+    loop.add_reader(sock, _read_once(loop, log, sock, lambda: loop.call_soon(log, "soon")))
+
+
+def _with_a_timer_pending(loop, log, sock):
+    # A timer far away: the read runs alone, the timer never.
+    loop.call_later(3600, log, "timer")
+    loop.add_reader(sock, _read_once(loop, log, sock, lambda: loop.call_soon(log, "soon")))
+
+
+def _with_arguments(loop, log, sock):
+    def reader(what):
+        sock.recv(1)
+        log(what)
+        loop.remove_reader(sock)
+        loop.call_soon(log, "soon")
+    loop.add_reader(sock, reader, "read with an argument")
+
+
+def _while_writable_too(loop, log, sock):
+    loop.add_reader(sock, _read_once(loop, log, sock))
+    loop.add_writer(sock, lambda: (log("write"), loop.remove_writer(sock)))
+
+
+def _stopping(loop, log, sock):
+    loop.add_reader(sock, _read_once(loop, log, sock, lambda: loop.call_soon(log, "soon")))
+    loop.stop()
+
+
+@pytest.mark.parametrize("scenario", [_alone, _after_a_ready_callback, _with_a_timer_due,
+                                      _with_a_timer_pending, _with_arguments,
+                                      _while_writable_too, _stopping])
+def test_an_iteration_runs_what_asyncios_runs_in_its_order(scenario):
+    ours = _iterations(socknotify_loop.new_event_loop, scenario)
+    stock = _iterations(asyncio.SelectorEventLoop, scenario)
+    assert ours == stock
+    assert any(what.startswith("read") for _, what in ours)
+
+
+@pytest.mark.parametrize("make", [socknotify_loop.new_event_loop, asyncio.SelectorEventLoop],
+                         ids=["ours", "asyncio"])
+def test_a_read_that_raises_alone_reaches_the_exception_handler(make):
+    """The read that runs at once fails as a handle run from the queue
+    does: the handler gets asyncio's message, the exception and the
+    handle; the loop goes on. SystemExit and KeyboardInterrupt leave the
+    iteration, and the loop runs again afterwards."""
+    loop = make()
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    seen = []
+    loop.set_exception_handler(lambda loop, context: seen.append(context))
+    try:
+        def fails():
+            a.recv(1)
+            raise ZeroDivisionError("in the reader")
+        handle = loop._add_reader(a.fileno(), fails)
+        b.send(b"x")
+        loop._run_once()
+        assert len(seen) == 1
+        assert seen[0]["exception"].args == ("in the reader",)
+        assert seen[0]["handle"] is handle
+        assert seen[0]["message"].startswith("Exception in callback ")
+
+        def interrupts():
+            a.recv(1)
+            loop.remove_reader(a)
+            raise KeyboardInterrupt
+        loop.add_reader(a, interrupts)
+        b.send(b"x")
+        with pytest.raises(KeyboardInterrupt):
+            loop._run_once()
+        ran = []
+        loop.call_soon(ran.append, True)
+        loop._run_once()
+        assert ran == [True] and len(seen) == 1
+    finally:
+        loop.close()
+        a.close()
+        b.close()
+
+
+def test_a_read_alone_runs_without_the_ready_queue():
+    """What the iteration saves, checked where it shows: the read runs
+    while the ready queue is empty, and within the iteration that saw it."""
+    loop = socknotify_loop.new_event_loop()
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    queued = []
+    try:
+        def reader():
+            a.recv(1)
+            queued.append(len(loop._ready))
+        loop.add_reader(a, reader)
+        b.send(b"x")
+        loop._run_once()
+        assert queued == [0]
+    finally:
+        loop.remove_reader(a)
+        loop.close()
+        a.close()
+        b.close()

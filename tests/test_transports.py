@@ -772,6 +772,53 @@ class _TestTransports:
 
     # -- UDP -------------------------------------------------------------------------
 
+    def test_max_size_bounds_every_read(self):
+        """A program that sets ``max_size`` gets no chunk above it, and
+        every byte, in order."""
+        async def main():
+            server, client, peer = await self.pair()
+            chunks: List[int] = []
+            peer.data_received = lambda data: (chunks.append(len(data)),
+                                               peer.data.extend(data))
+            peer.transport.max_size = 1000
+            payload = pattern(300_000, seed=3)
+            client.transport.write(payload)
+            await self.until(lambda: len(peer.data) >= len(payload))
+            self.assertEqual(bytes(peer.data), payload)
+            self.assertLessEqual(max(chunks), 1000)
+            client.transport.close()
+            server.close()
+            await server.wait_closed()
+        self.loop.run_until_complete(main())
+
+    def test_largest_datagrams_arrive_whole(self):
+        """The largest UDP datagram an IPv4 socket can carry (65,507
+        bytes) arrives whole, as with asyncio, whatever a read asks for."""
+        async def main():
+            got: asyncio.Queue[bytes] = asyncio.Queue()
+
+            class Sink(asyncio.DatagramProtocol):
+                def datagram_received(self, data, addr):
+                    got.put_nowait(data)
+
+            server_tr, _ = await self.loop.create_datagram_endpoint(
+                Sink, local_addr=(LOCALHOST, 0))
+            address = server_tr.get_extra_info("sockname")
+            client_tr, _ = await self.loop.create_datagram_endpoint(
+                asyncio.DatagramProtocol, remote_addr=address)
+            sock = server_tr.get_extra_info("socket")
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < 200_000:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            try:
+                for size in (65_507, 1, 65_000):
+                    payload = pattern(size, seed=size)
+                    client_tr.sendto(payload)
+                    self.assertEqual(await asyncio.wait_for(got.get(), 10), payload)
+            finally:
+                client_tr.close()
+                server_tr.close()
+        self.loop.run_until_complete(main())
+
     def test_udp(self):
         class Datagrams(asyncio.DatagramProtocol):
             def __init__(self):
@@ -1383,6 +1430,78 @@ class TestAsyncioTransports(_TestTransports, BaseLoopTestCase):
 
 class TestStockAsyncio(_TestTransports, AsyncioTestCase):
     pass
+
+
+# -- the size a read asks for (the loop's own stream transport) -------------------------
+
+class _SizesAsked(socket.socket):
+    """A socket that records the size each recv() asks for."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        self.asked: List[int] = []
+
+    def recv(self, size: int, *args: Any) -> bytes:   # type: ignore[override]
+        self.asked.append(size)
+        return super().recv(size, *args)
+
+
+def test_a_read_asks_for_64_kib_until_one_fills_it():
+    """The own stream transport asks recv() for 64 KiB (below glibc's mmap
+    threshold), for max_size once a read filled that (a bulk transfer),
+    and for 64 KiB again after a read of less; a max_size set below 64 KiB
+    is what every read asks for."""
+    loop = Loop(transports="own")
+    a, b = socket.socketpair()
+    sock = _SizesAsked(a)
+    sock.setblocking(False)
+    b.setblocking(False)
+    received = bytearray()
+
+    class Sink(asyncio.Protocol):
+        def data_received(self, data):
+            received.extend(data)
+
+    async def deliver(data: bytes) -> None:
+        await loop.sock_sendall(b, data)
+        target = len(received) + len(data)
+        while len(received) < target:
+            await asyncio.sleep(0.001)
+
+    async def main():
+        transport = loop._make_socket_transport(sock, Sink())
+        await asyncio.sleep(0)
+        await deliver(b"x" * 100)
+        assert set(sock.asked) == {64 * 1024}, sock.asked
+        # Much more than 64 KiB at once: with reading paused, it waits
+        # whole in the socket's buffer.
+        transport.pause_reading()
+        bulk = pattern(600_000, seed=5)
+        sent = loop.create_task(loop.sock_sendall(b, bulk))
+        await asyncio.sleep(0.05)
+        del sock.asked[:]
+        transport.resume_reading()
+        while len(received) < 100 + len(bulk):
+            await asyncio.sleep(0.001)
+        await sent
+        assert sock.asked[0] == 64 * 1024 and 256 * 1024 in sock.asked, sock.asked
+        del sock.asked[:]
+        await deliver(b"y" * 100)
+        await deliver(b"z" * 100)
+        assert sock.asked[-1] == 64 * 1024, sock.asked
+        transport.max_size = 1000
+        del sock.asked[:]
+        await deliver(b"w" * 5000)
+        assert set(sock.asked) == {1000}, sock.asked
+        assert bytes(received) == b"x" * 100 + bulk + b"y" * 100 + b"z" * 100 + b"w" * 5000
+        transport.close()
+        await asyncio.sleep(0)
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+        b.close()
 
 
 # -- the switch ------------------------------------------------------------------------
