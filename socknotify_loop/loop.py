@@ -26,6 +26,12 @@ read only when a timer is scheduled, through ``time`` bound to
 :func:`time.monotonic` itself (what asyncio's ``time()`` returns, one call
 frame less; a subclass or an instance may still replace it), and the wait's
 timeout goes to the port as float milliseconds, rounded up in C.
+A read that is all its iteration has to run (nothing was ready before
+the wait, no timer is due after it, one registration reported, for reading
+only) runs at once, without its trip through ``_ready``: the order is
+asyncio's, since the run would have started with it and what it schedules
+waits for the next iteration either way (tests/test_loop.py compares each
+case with asyncio's loop).
 ``call_soon`` skips the debug-mode bookkeeping when debug is off. Both keep
 asyncio's semantics exactly: the stock methods are the same in Python 3.9
 to 3.14, and 3.15 changes only how far ahead the iteration takes due timers,
@@ -478,7 +484,7 @@ class Loop(asyncio.SelectorEventLoop):
                             if reader._cancelled:
                                 self._remove_reader(key.fileobj)
                             elif (mask == 1 and not ready and not due
-                                    and type(reader) is _PlainHandle and not reader._args):
+                                    and type(reader) is _PlainHandle):
                                 # The read is all this iteration runs:
                                 # nothing was ready before it and no timer
                                 # is due after it. Run it now, as the run
@@ -487,7 +493,11 @@ class Loop(asyncio.SelectorEventLoop):
                                 # schedules runs next time, as there.
                                 key = writer = None
                                 try:
-                                    reader._context.run(reader._callback)
+                                    args = reader._args
+                                    if args:   # sock_recv's (future, socket, size)
+                                        reader._context.run(reader._callback, *args)
+                                    else:
+                                        reader._context.run(reader._callback)
                                 except (SystemExit, KeyboardInterrupt):
                                     raise
                                 except BaseException as exc:  # as Handle._run does
