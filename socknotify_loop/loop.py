@@ -48,8 +48,10 @@ import heapq
 import inspect
 import math
 import os
+import selectors
 import sys
 import time as _time
+import weakref
 from asyncio import base_events, events, format_helpers, sslproto
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     _Ts = TypeVarTuple("_Ts")
 
 _PAIRS = 0xFFFFFFFF
+_EVENT_READ = selectors.EVENT_READ
+_EVENT_WRITE = selectors.EVENT_WRITE
+# The loop's transports by descriptor are a weakref.WeakValueDictionary,
+# whose ``data`` is the plain dict of weak references behind it (so in
+# CPython 3.9 to 3.15 and PyPy); without one, asyncio's lookup is used.
+_WEAK_DICT_HAS_DATA = isinstance(getattr(weakref.WeakValueDictionary(), "data", None), dict)
 _Handle = events.Handle
 _new_object = object.__new__
 _copy_context = contextvars.copy_context
@@ -163,8 +171,6 @@ class Loop(asyncio.SelectorEventLoop):
     _stopping: bool
     _closed: bool
     _debug: bool
-    _remove_reader: Callable[[Any], bool]
-    _remove_writer: Callable[[Any], bool]
     _ssock: Any
     _csock: Any
     _internal_fds: int
@@ -262,7 +268,7 @@ class Loop(asyncio.SelectorEventLoop):
             more = {} if context is None else {"context": context}
             return super()._make_socket_transport(  # type: ignore[misc]  # asyncio's, not in typeshed
                 sock, protocol, waiter, extra=extra, server=server, **more)
-        self._ensure_fd_no_transport(sock)  # type: ignore[attr-defined]
+        self._ensure_fd_no_transport(sock)
         return SocketTransport(self, sock, protocol, waiter, extra, server, context)
 
     def _make_datagram_transport(self, sock: Any, protocol: Any, address: Any = None,
@@ -270,7 +276,7 @@ class Loop(asyncio.SelectorEventLoop):
         if not self._own_transports:
             return super()._make_datagram_transport(  # type: ignore[misc]
                 sock, protocol, address, waiter, extra)
-        self._ensure_fd_no_transport(sock)  # type: ignore[attr-defined]
+        self._ensure_fd_no_transport(sock)
         return DatagramTransport(self, sock, protocol, address, waiter, extra)
 
     def _make_ssl_transport(self, rawsock: Any, protocol: Any, sslcontext: Any,
@@ -289,7 +295,7 @@ class Loop(asyncio.SelectorEventLoop):
             return super()._make_ssl_transport(  # type: ignore[misc]
                 rawsock, protocol, sslcontext, waiter, server_side=server_side,
                 server_hostname=server_hostname, extra=extra, server=server, **more)
-        self._ensure_fd_no_transport(rawsock)  # type: ignore[attr-defined]
+        self._ensure_fd_no_transport(rawsock)
         ssl_protocol = _sslproto.SSLProtocol(
             self, protocol, sslcontext, waiter, server_side, server_hostname, **timeouts)
         SocketTransport(self, rawsock, ssl_protocol, extra=extra, server=server,
@@ -370,6 +376,129 @@ class Loop(asyncio.SelectorEventLoop):
             handle._source_traceback = None
             self._ready.append(handle)
             return handle  # type: ignore[no-any-return]  # a Handle, typed Any above
+
+        # Readers and writers. asyncio's four methods, for this loop's
+        # selector: the key is looked up with the selector's _key_or_none,
+        # which answers None for a descriptor not registered (asyncio
+        # before 3.14 asks get_key(), whose miss raises a KeyError with its
+        # message formatted, and sock_recv and sock_sendall add a reader or
+        # writer to a new registration on each call that waits; 3.14 asks
+        # get_map().get(), two calls), and the
+        # handle is made as call_soon makes it (no __init__ frame and no
+        # get_debug() call). The same checks, changes and return values
+        # as asyncio's on Python 3.9 to 3.15 (3.15 takes the callback's
+        # context; earlier versions copy the current one, as given None);
+        # debug mode runs asyncio's own.
+
+        def _ensure_fd_no_transport(self, fd: Any) -> None:
+            """asyncio's check that no open transport holds ``fd``, made
+            before each sock_* call that waits: the transport is looked
+            up in the weak dictionary's own dict (asyncio before 3.13 asks
+            the weak dictionary by [], whose miss raises a KeyError in a
+            Python frame; 3.13 asks its get(), which raises and catches
+            one), with the same errors."""
+            if not _WEAK_DICT_HAS_DATA:
+                super()._ensure_fd_no_transport(fd)  # type: ignore[misc]
+                return
+            fileno = fd
+            if not isinstance(fileno, int):
+                try:
+                    fileno = int(fileno.fileno())
+                except (AttributeError, TypeError, ValueError):
+                    raise ValueError(f"Invalid file object: {fd!r}") from None
+            ref = self._transports.data.get(fileno)  # type: ignore[attr-defined]
+            transport = None if ref is None else ref()
+            if transport is not None and not transport.is_closing():
+                raise RuntimeError(
+                    f'File descriptor {fd!r} is used by transport {transport!r}')
+
+        def _new_handle(self, callback: Any, args: Any, context: Any) -> Any:
+            """A Handle as call_soon makes one (debug off)."""
+            handle: Any = _new_object(_Handle)
+            handle._context = _copy_context() if context is None else context
+            handle._loop = self
+            handle._callback = callback
+            handle._args = args
+            handle._cancelled = False
+            handle._repr = None
+            handle._source_traceback = None
+            return handle
+
+        def _add_reader(self, fd: Any, callback: Any, *args: Any,
+                        context: Any = None) -> Any:
+            if self._debug:
+                more = {} if context is None else {"context": context}
+                return super()._add_reader(  # type: ignore[misc]  # asyncio's, not in typeshed
+                    fd, callback, *args, **more)
+            if self._closed:
+                raise RuntimeError('Event loop is closed')
+            handle = self._new_handle(callback, args, context)
+            selector = self._selector
+            key = selector._key_or_none(fd)
+            if key is None:
+                selector.register(fd, _EVENT_READ, (handle, None))
+            else:
+                reader, writer = key.data
+                selector.modify(fd, key.events | _EVENT_READ, (handle, writer))
+                if reader is not None:
+                    reader.cancel()
+            return handle
+
+        def _add_writer(self, fd: Any, callback: Any, *args: Any,
+                        context: Any = None) -> Any:
+            if self._debug:
+                more = {} if context is None else {"context": context}
+                return super()._add_writer(  # type: ignore[misc]
+                    fd, callback, *args, **more)
+            if self._closed:
+                raise RuntimeError('Event loop is closed')
+            handle = self._new_handle(callback, args, context)
+            selector = self._selector
+            key = selector._key_or_none(fd)
+            if key is None:
+                selector.register(fd, _EVENT_WRITE, (None, handle))
+            else:
+                reader, writer = key.data
+                selector.modify(fd, key.events | _EVENT_WRITE, (reader, handle))
+                if writer is not None:
+                    writer.cancel()
+            return handle
+
+        def _remove_reader(self, fd: Any) -> bool:
+            if self._closed:
+                return False
+            selector = self._selector
+            key = selector._key_or_none(fd)
+            if key is None:
+                return False
+            reader, writer = key.data
+            mask = key.events & ~_EVENT_READ
+            if not mask:
+                selector.unregister(fd)
+            else:
+                selector.modify(fd, mask, (None, writer))
+            if reader is not None:
+                reader.cancel()
+                return True
+            return False
+
+        def _remove_writer(self, fd: Any) -> bool:
+            if self._closed:
+                return False
+            selector = self._selector
+            key = selector._key_or_none(fd)
+            if key is None:
+                return False
+            reader, writer = key.data
+            mask = key.events & ~_EVENT_WRITE
+            if not mask:
+                selector.unregister(fd)
+            else:
+                selector.modify(fd, mask, (reader, None))
+            if writer is not None:
+                writer.cancel()
+                return True
+            return False
 
         def _wait_ms(self) -> float:
             """The wait of this iteration in milliseconds, as _run_once

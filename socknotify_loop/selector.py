@@ -83,6 +83,7 @@ from time import monotonic as _monotonic
 from typing import Any, NamedTuple
 
 from .port import (
+    _MAX_KEY,
     EVENT_HANGUP,
     EVENT_IN,
     EVENT_OUT,
@@ -407,6 +408,10 @@ class NotifySelector(selectors.BaseSelector):
         """``fileobj``'s descriptor; for a closed file object (``fileno()``
         fails or is -1), the descriptor it was registered with, so it can
         still be unregistered."""
+        if type(fileobj) is int and 0 <= fileobj <= _MAX_KEY:
+            # What fileno_of answers for a valid descriptor number (the
+            # loop's own calls pass numbers), without its call.
+            return fileobj
         try:
             return fileno_of(fileobj)   # validated as selectors do
         except ValueError:
@@ -430,6 +435,15 @@ class NotifySelector(selectors.BaseSelector):
             return self._records[self._fileobj_lookup(fileobj)].key
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
+
+    def _key_or_none(self, fileobj: Any) -> SelectorKey | None:
+        """:meth:`get_key`'s answer, or None where it raises KeyError (the
+        loop's add and remove of readers and writers ask this on every
+        call, and a miss is common: no exception for it)."""
+        if self._map is None:
+            raise RuntimeError("Selector is closed")
+        record = self._records.get(self._fileobj_lookup(fileobj))
+        return None if record is None else record.key
 
     # -- changes -------------------------------------------------------------------
 

@@ -980,10 +980,11 @@ def test_package_import_does_not_import_the_loop():
 # -- the iteration's stock counterparts ------------------------------------------------
 
 # SHA-256 (first 16 hex digits) of the stock methods whose behaviour
-# Loop._run_once and Loop.call_soon reproduce, per Python version they were
-# checked against (3.9-3.15). A Python whose stock source differs from every
-# accepted one fails here: its changes must be read and carried over (and the
-# version added to loop._FAST_PATH) before the fast path may run on it.
+# Loop._run_once, Loop.call_soon and the others below reproduce, per
+# Python version they were checked against (3.9-3.15). A Python whose stock
+# source differs from every accepted one fails here: its changes must be
+# read and carried over (and the version added to loop._FAST_PATH) before
+# the fast path may run on it.
 _STOCK_SOURCES = {
     "BaseEventLoop._run_once": {"4ed906f26d5d0ddc", "26970ce6b0d67ef5", "22aebfb8172a0741",
                                 "1a26868851622022"},
@@ -994,6 +995,17 @@ _STOCK_SOURCES = {
     "BaseSelectorEventLoop._process_events": {"7044c856635b7f64"},
     "Handle.__init__": {"30d3624f79a99a60"},
     "Handle._run": {"53f60446b8836903", "494fe4ec3f8612d3"},
+    # Loop's _add_reader/_add_writer/_remove_reader/_remove_writer and
+    # _ensure_fd_no_transport: 3.9-3.12 ask get_key() and index the weak
+    # dictionary, 3.13 and 3.14 ask get_map().get() and the dictionary's
+    # get(), 3.15 passes a context to the handle.
+    "BaseSelectorEventLoop._add_reader": {"1c57a15aa66ec117", "84bfb60f3b40bfe1",
+                                          "0e754cd909c0f7f5"},
+    "BaseSelectorEventLoop._add_writer": {"3d5535a82353b404", "9c09e826b87b9d5d",
+                                          "650cd4741ea3e011"},
+    "BaseSelectorEventLoop._remove_reader": {"4efa6a70cd6202d0", "463571679d7d94c7"},
+    "BaseSelectorEventLoop._remove_writer": {"8025571a463da6bf", "d6d78300706ac860"},
+    "BaseSelectorEventLoop._ensure_fd_no_transport": {"90fdcd854eff15d6", "7877664b5265d2a9"},
 }
 # The one change Loop._run_once follows by version: Python 3.15's stock
 # iteration (its source, 1a26...) widens the due-timer window to at least the
@@ -1476,6 +1488,105 @@ def test_a_read_alone_runs_without_the_ready_queue():
         assert queued == [0]
     finally:
         loop.remove_reader(a)
+        loop.close()
+        a.close()
+        b.close()
+
+
+# -- readers and writers: the loop's own add and remove, against asyncio's ------------------
+
+def _reader_writer_story(loop):
+    """What add/remove_reader/writer answer and raise, step by step."""
+    story = []
+
+    def step(what, call):
+        try:
+            result = call()
+        except Exception as exc:   # noqa: BLE001 - the type is what is compared
+            story.append((what, type(exc).__name__))
+        else:
+            story.append((what, result if isinstance(result, bool) else type(result).__name__))
+
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    try:
+        fd = a.fileno()
+        step("remove unregistered", lambda: loop._remove_reader(fd))
+        first = loop._add_reader(fd, print)
+        step("first handle", lambda: first)
+        second = loop._add_reader(fd, print, 1, 2)
+        story.append(("replaced handle cancelled", first.cancelled(), second.cancelled()))
+        step("add writer", lambda: loop._add_writer(a, print))   # a file object
+        key = loop._selector.get_key(fd)
+        story.append(("both", key.events, key.data[0] is second))
+        step("remove reader", lambda: loop._remove_reader(a))
+        key = loop._selector.get_key(fd)
+        story.append(("writer left", key.events, key.data[0]))
+        step("remove reader again", lambda: loop._remove_reader(fd))
+        step("remove writer", lambda: loop._remove_writer(fd))
+        step("gone", lambda: loop._selector.get_map().get(fd))
+        step("remove writer again", lambda: loop._remove_writer(fd))
+        step("add a negative", lambda: loop._add_reader(-1, print))
+        step("remove a negative", lambda: loop._remove_reader(-1))
+        step("add an object without fileno", lambda: loop._add_writer(object(), print))
+        step("remove an object without fileno", lambda: loop._remove_writer(object()))
+        transport = loop._make_socket_transport(b, asyncio.Protocol())
+        step("sock_recv on a transport's socket", lambda: loop.sock_recv(b, 1).send(None))
+        transport.close()
+        # Closing, not yet closed: the socket may be waited on (the wait
+        # is given up at once, and its reader removed).
+        waiting = loop.sock_recv(b, 1)
+        step("sock_recv while it closes", lambda: waiting.send(None))
+        waiting.close()
+        step("its reader removed", lambda: loop._remove_reader(b.fileno()))
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+        step("add on a closed loop", lambda: loop._add_reader(fd, print))
+        step("remove on a closed loop", lambda: loop._remove_reader(fd))
+        step("add writer on a closed loop", lambda: loop._add_writer(fd, print))
+        step("remove writer on a closed loop", lambda: loop._remove_writer(fd))
+    finally:
+        loop.close()
+        a.close()
+        b.close()
+    return story
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_readers_and_writers_answer_and_fail_as_asyncios(debug):
+    def make(factory):
+        loop = factory()
+        loop.set_debug(debug)
+        return loop
+    ours = _reader_writer_story(make(socknotify_loop.new_event_loop))
+    stock = _reader_writer_story(make(asyncio.SelectorEventLoop))
+    assert ours == stock
+
+
+@pytest.mark.parametrize("make", [socknotify_loop.new_event_loop, asyncio.SelectorEventLoop],
+                         ids=["ours", "asyncio"])
+def test_a_reader_runs_in_a_copy_of_the_context_it_was_added_in(make):
+    import contextvars
+    var = contextvars.ContextVar("var", default="unset")
+    loop = make()
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    seen = []
+    try:
+        def reader():
+            a.recv(1)
+            seen.append(var.get())
+            var.set("changed by the reader")
+            loop.remove_reader(a)
+            loop.stop()
+        token = var.set("at add_reader")
+        loop.add_reader(a, reader)
+        var.reset(token)
+        b.send(b"x")
+        loop.run_forever()
+        assert seen == ["at add_reader"] and var.get() == "unset"
+    finally:
         loop.close()
         a.close()
         b.close()
