@@ -1202,10 +1202,15 @@ class _TestTransports:
         peer.setblocking(False)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind((LOCALHOST, 0))
-        if case in ("send", "send-buffered"):
+        if case in ("send", "send-buffered", "recv-connected"):
             sock.connect(peer.getsockname())   # the transport sends by send()
         if case == "send-buffered":
             faults: Dict[str, Dict[int, BaseException]] = {"send": {1: BlockingIOError(), 2: exc}}
+        elif case == "recv-connected":
+            # A connected IPv4 socket's transport may read by recv (the
+            # loop's own) or recvfrom (asyncio's): the first read fails
+            # either way.
+            faults = {"recv": {1: exc}, "recvfrom": {1: exc}}
         else:
             faults = {case: {1: exc}}
         faulty = FaultySocket(sock, faults)
@@ -1215,7 +1220,7 @@ class _TestTransports:
             self.check_kind(transport, DatagramTransport)
             address = faulty.getsockname()
             fatal = not isinstance(exc, OSError)
-            if case == "recvfrom":
+            if case in ("recvfrom", "recv-connected"):
                 peer.sendto(b"one", address)
                 peer.sendto(b"two", address)
                 if fatal:
@@ -1311,12 +1316,12 @@ class _TestTransports:
 
         async def main():
             for case, make in self.datagram_cases(
-                    ["recvfrom", "sendto", "send", "send-buffered"]):
+                    ["recvfrom", "recv-connected", "sendto", "send", "send-buffered"]):
                 exc = make()
                 del self.loop_exceptions[:]
                 transport, proto = await self.datagram_fault(case, exc)
                 await self.assert_idle(counter)
-                kind = "read" if case == "recvfrom" else "write"
+                kind = "read" if case.startswith("recv") else "write"
                 expected = ([] if isinstance(exc, OSError) else
                             [(exc, transport, proto, f"Fatal {kind} error on datagram transport")])
                 self.check_handler_calls(expected)
@@ -1329,7 +1334,8 @@ class _TestTransports:
         self.expect_loop_exceptions = True
         counter = self.count_iterations()
         stream_cases = ["recv#1", "recv#2", "recv_into#1", "send#1", "send-buffered"]
-        datagram_cases = self.datagram_cases(["recvfrom", "sendto", "send", "send-buffered"])
+        datagram_cases = self.datagram_cases(["recvfrom", "recv-connected", "sendto", "send",
+                                              "send-buffered"])
 
         async def healthy(i: int) -> None:
             loop = asyncio.get_running_loop()
