@@ -1425,6 +1425,15 @@ def _stopping(loop, log, sock):
 def test_an_iteration_runs_what_asyncios_runs_in_its_order(scenario):
     ours = _iterations(socknotify_loop.new_event_loop, scenario)
     stock = _iterations(asyncio.SelectorEventLoop, scenario)
+    if scenario is _while_writable_too and sys.platform == "win32":
+        # The completion-port backends may answer a registration's read
+        # and write readiness in two consecutive waits where select()
+        # answers both in one (seen under Wine, with the writer added
+        # right after the reader, before the first wait). When a
+        # readiness is reported is the OS's to say; the order of the two
+        # callbacks is the loop's.
+        assert [what for _, what in ours] == [what for _, what in stock]
+        return
     assert ours == stock
     assert any(what.startswith("read") for _, what in ours)
 
