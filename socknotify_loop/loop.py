@@ -561,16 +561,22 @@ class Loop(asyncio.SelectorEventLoop):
                 # Changes queued: the general call.
                 got = view.select(view.port, view.prepare(), self._wait_ms())
             elif ready or self._stopping:
-                got = view.poll(view.port)
+                # The port's function read as an attribute, then called:
+                # read by a method call, a LoopView slot is an attribute
+                # lookup CPython 3.11 does not specialise.
+                poll = view.poll
+                got = poll(view.port)
             elif scheduled:
                 timeout = scheduled[0]._when - self.time()
                 if timeout > _MAXIMUM_SELECT_TIMEOUT:  # not min(): a call
                     timeout = _MAXIMUM_SELECT_TIMEOUT
                 # Float milliseconds: the port rounds them up, as the
                 # selectors round, so the wait never ends early.
-                got = view.wait(view.port, timeout * 1000.0 if timeout > 0.0 else 0)
+                wait = view.wait
+                got = wait(view.port, timeout * 1000.0 if timeout > 0.0 else 0)
             else:
-                got = view.block(view.port)
+                block = view.block
+                got = block(view.port)
             # Timers due: the window ends a clock resolution after now
             # (asyncio reads the clock once the events are dispatched,
             # here once the wait returned: the same reading, a dispatch
