@@ -83,7 +83,6 @@ from time import monotonic as _monotonic
 from typing import Any, NamedTuple
 
 from .port import (
-    _MAX_KEY,
     EVENT_HANGUP,
     EVENT_IN,
     EVENT_OUT,
@@ -99,6 +98,10 @@ from .port import (
 )
 
 __all__ = ["WAKEUP_KEY", "IOCompletionHandler", "LoopView", "NotifySelector"]
+
+#: The largest descriptor number port.fileno_of accepts: a port's key is
+#: 64 bits wide.
+_MAX_DESCRIPTOR = (1 << 64) - 1
 
 EVENT_READ = selectors.EVENT_READ
 EVENT_WRITE = selectors.EVENT_WRITE
@@ -408,7 +411,7 @@ class NotifySelector(selectors.BaseSelector):
         """``fileobj``'s descriptor; for a closed file object (``fileno()``
         fails or is -1), the descriptor it was registered with, so it can
         still be unregistered."""
-        if type(fileobj) is int and 0 <= fileobj <= _MAX_KEY:
+        if type(fileobj) is int and 0 <= fileobj <= _MAX_DESCRIPTOR:
             # What fileno_of answers for a valid descriptor number (the
             # loop's own calls pass numbers), without its call.
             return fileobj
