@@ -67,6 +67,7 @@ own methods, the same on every platform and backend.
 """
 from __future__ import annotations
 
+import _socket
 import asyncio
 import collections
 import inspect
@@ -75,6 +76,7 @@ import socket
 import sys
 import warnings
 from asyncio import base_events, constants, trsock
+from operator import attrgetter as _attrgetter
 from typing import Any
 
 __all__ = ["SocketTransport", "DatagramTransport"]
@@ -116,11 +118,26 @@ else:
 _DATAGRAM_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
 
 
+# A socket's family and type as plain numbers: socket.socket's properties
+# make an enum member on every read (an IntEnum lookup through four Python
+# frames), the C socket's own descriptors answer the number.
+_family_of: Any
+_type_of: Any
+try:
+    _family_of = _socket.socket.family.__get__
+    _type_of = _socket.socket.type.__get__
+except AttributeError:   # pragma: no cover - an implementation without them
+    _family_of = _attrgetter("family")
+    _type_of = _attrgetter("type")
+
+_IP_FAMILIES = (int(socket.AF_INET), int(socket.AF_INET6))
+
+
 def _set_nodelay(sock: socket.socket) -> None:
     """TCP_NODELAY on a TCP socket, as asyncio sets it: small writes go out
     without waiting for the peer's acknowledgement of the last ones."""
-    if (sock.family in (socket.AF_INET, socket.AF_INET6)
-            and sock.type == socket.SOCK_STREAM
+    if (_family_of(sock) in _IP_FAMILIES
+            and _type_of(sock) == socket.SOCK_STREAM
             and sock.proto == socket.IPPROTO_TCP):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -734,7 +751,7 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
         # recvfrom may report a flow label or scope the connect did not
         # name, nor Unix datagrams, whose sender's name may differ.
         self._peer: Any = (self._extra["peername"]
-                           if self._connected and sock.family == socket.AF_INET else None)
+                           if self._connected and _family_of(sock) == socket.AF_INET else None)
         self._start(waiter)
 
     def _reader(self) -> Any:
@@ -746,7 +763,7 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
         threshold, see the module docstring); on any other (a Unix
         datagram may be larger) asyncio's ``max_size``."""
         sock = self._sock
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        if sock is not None and _family_of(sock) in _IP_FAMILIES:
             return _LARGEST_IP_DATAGRAM
         return _MAX_SIZE
 
