@@ -413,7 +413,9 @@ class Loop(asyncio.SelectorEventLoop):
                     f'File descriptor {fd!r} is used by transport {transport!r}')
 
         def _new_handle(self, callback: Any, args: Any, context: Any) -> Any:
-            """A Handle as call_soon makes one (debug off)."""
+            """A Handle as call_soon makes one (debug off). call_soon keeps
+            its own copy of these lines: a call here would add a frame to
+            every callback scheduled."""
             handle: Any = _new_object(_Handle)
             handle._context = _copy_context() if context is None else context
             handle._loop = self
@@ -430,19 +432,7 @@ class Loop(asyncio.SelectorEventLoop):
                 more = {} if context is None else {"context": context}
                 return super()._add_reader(  # type: ignore[misc]  # asyncio's, not in typeshed
                     fd, callback, *args, **more)
-            if self._closed:
-                raise RuntimeError('Event loop is closed')
-            handle = self._new_handle(callback, args, context)
-            selector = self._selector
-            key = selector._key_or_none(fd)
-            if key is None:
-                selector.register(fd, _EVENT_READ, (handle, None))
-            else:
-                reader, writer = key.data
-                selector.modify(fd, key.events | _EVENT_READ, (handle, writer))
-                if reader is not None:
-                    reader.cancel()
-            return handle
+            return self._add_handle(fd, _EVENT_READ, self._new_handle(callback, args, context))
 
         def _add_writer(self, fd: Any, callback: Any, *args: Any,
                         context: Any = None) -> Any:
@@ -450,39 +440,38 @@ class Loop(asyncio.SelectorEventLoop):
                 more = {} if context is None else {"context": context}
                 return super()._add_writer(  # type: ignore[misc]
                     fd, callback, *args, **more)
+            return self._add_handle(fd, _EVENT_WRITE, self._new_handle(callback, args, context))
+
+        def _add_handle(self, fd: Any, event: int, handle: Any) -> Any:
+            """``handle`` as ``fd``'s reader (``event`` EVENT_READ) or
+            writer (EVENT_WRITE), in place of the one it had."""
             if self._closed:
                 raise RuntimeError('Event loop is closed')
-            handle = self._new_handle(callback, args, context)
             selector = self._selector
             key = selector._key_or_none(fd)
             if key is None:
-                selector.register(fd, _EVENT_WRITE, (None, handle))
+                selector.register(fd, event,
+                                  (handle, None) if event == _EVENT_READ else (None, handle))
+                return handle
+            reader, writer = key.data
+            if event == _EVENT_READ:
+                old, data = reader, (handle, writer)
             else:
-                reader, writer = key.data
-                selector.modify(fd, key.events | _EVENT_WRITE, (reader, handle))
-                if writer is not None:
-                    writer.cancel()
+                old, data = writer, (reader, handle)
+            selector.modify(fd, key.events | event, data)
+            if old is not None:
+                old.cancel()
             return handle
 
         def _remove_reader(self, fd: Any) -> bool:
-            if self._closed:
-                return False
-            selector = self._selector
-            key = selector._key_or_none(fd)
-            if key is None:
-                return False
-            reader, writer = key.data
-            mask = key.events & ~_EVENT_READ
-            if not mask:
-                selector.unregister(fd)
-            else:
-                selector.modify(fd, mask, (None, writer))
-            if reader is not None:
-                reader.cancel()
-                return True
-            return False
+            return self._remove_handle(fd, _EVENT_READ)
 
         def _remove_writer(self, fd: Any) -> bool:
+            return self._remove_handle(fd, _EVENT_WRITE)
+
+        def _remove_handle(self, fd: Any, event: int) -> bool:
+            """Remove ``fd``'s reader (``event`` EVENT_READ) or writer:
+            whether it had one."""
             if self._closed:
                 return False
             selector = self._selector
@@ -490,13 +479,17 @@ class Loop(asyncio.SelectorEventLoop):
             if key is None:
                 return False
             reader, writer = key.data
-            mask = key.events & ~_EVENT_WRITE
+            if event == _EVENT_READ:
+                old, data = reader, (None, writer)
+            else:
+                old, data = writer, (reader, None)
+            mask = key.events & ~event
             if not mask:
                 selector.unregister(fd)
             else:
-                selector.modify(fd, mask, (reader, None))
-            if writer is not None:
-                writer.cancel()
+                selector.modify(fd, mask, data)
+            if old is not None:
+                old.cancel()
                 return True
             return False
 

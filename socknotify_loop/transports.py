@@ -755,7 +755,7 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
         self._start(waiter)
 
     def _reader(self) -> Any:
-        return self._read if self._peer is None else self._read_from_peer
+        return self._read
 
     def _first_read_size(self) -> int:
         """A datagram is read whole or cut, so its read never grows: on an
@@ -775,11 +775,17 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
 
     def _read(self) -> None:
         """Ready to read: one datagram to datagram_received, or the error
-        (an ICMP error reported on the socket) to error_received."""
+        (an ICMP error reported on the socket) to error_received. A
+        connected IPv4 socket reads by recv, with its peer's address
+        (see __init__)."""
         if self._conn_lost:
             return
         try:
-            data, addr = self._sock.recvfrom(self._read_size)  # type: ignore[union-attr]
+            peer = self._peer
+            if peer is None:
+                data, addr = self._sock.recvfrom(self._read_size)  # type: ignore[union-attr]
+            else:
+                data, addr = self._sock.recv(self._read_size), peer  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -791,24 +797,6 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
             self._fatal_error(exc, "Fatal read error on datagram transport")
             return
         self._protocol.datagram_received(data, addr)
-
-    def _read_from_peer(self) -> None:
-        """_read for a connected IPv4 socket (see __init__)."""
-        if self._conn_lost:
-            return
-        try:
-            data = self._sock.recv(self._read_size)  # type: ignore[union-attr]
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._protocol.error_received(exc)
-            return
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal read error on datagram transport")
-            return
-        self._protocol.datagram_received(data, self._peer)
 
     def sendto(self, data: Any, addr: Any = None) -> None:
         """Send one datagram now, or queue it while earlier ones wait."""
