@@ -1554,3 +1554,32 @@ def test_repr_names_the_class():
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def test_nodelay_is_set_on_tcp_sockets_only_and_a_mock_socket_is_accepted():
+    """The family and type are read from the C socket when there is one;
+    anything else given as a socket (CPython 3.14's test_sslproto passes
+    a Mock to _make_socket_transport) is asked for its attributes, as
+    asyncio asks."""
+    from unittest import mock
+
+    from socknotify_loop import transports as transports_module
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        transports_module._set_nodelay(tcp)
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        transports_module._set_nodelay(udp)   # not TCP: left alone, no error
+        assert transports_module._family_of(tcp) == socket.AF_INET
+        assert transports_module._type_of(udp) == socket.SOCK_DGRAM
+    finally:
+        tcp.close()
+        udp.close()
+    fake = mock.Mock()
+    transports_module._set_nodelay(fake)
+    fake.setsockopt.assert_not_called()
+    fake.family = socket.AF_INET6
+    fake.type = socket.SOCK_STREAM
+    fake.proto = socket.IPPROTO_TCP
+    transports_module._set_nodelay(fake)
+    fake.setsockopt.assert_called_once_with(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
