@@ -379,16 +379,16 @@ class Loop(asyncio.SelectorEventLoop):
 
         # Readers and writers. asyncio's four methods, for this loop's
         # selector: the key is looked up with the selector's _key_or_none,
-        # which answers None for a descriptor not registered (asyncio
-        # before 3.14 asks get_key(), whose miss raises a KeyError with its
+        # which answers None for a descriptor not registered (asyncio up
+        # to 3.12 asks get_key(), whose miss raises a KeyError with its
         # message formatted, and sock_recv and sock_sendall add a reader or
-        # writer to a new registration on each call that waits; 3.14 asks
-        # get_map().get(), two calls), and the
-        # handle is made as call_soon makes it (no __init__ frame and no
-        # get_debug() call). The same checks, changes and return values
-        # as asyncio's on Python 3.9 to 3.15 (3.15 takes the callback's
-        # context; earlier versions copy the current one, as given None);
-        # debug mode runs asyncio's own.
+        # writer to a new registration on each call that waits; 3.13 and
+        # later ask get_map().get(), two calls), and the handle is made as
+        # call_soon makes it (no __init__ frame and no get_debug() call).
+        # The same checks, changes and return values as asyncio's on
+        # Python 3.9 to 3.15 (3.15 takes the callback's context; earlier
+        # versions copy the current one, as given None); debug mode runs
+        # asyncio's own.
 
         def _ensure_fd_no_transport(self, fd: Any) -> None:
             """asyncio's check that no open transport holds ``fd``, made

@@ -432,17 +432,16 @@ class NotifySelector(selectors.BaseSelector):
     def get_key(self, fileobj: Any) -> SelectorKey:
         """The key of a registered file object: KeyError if it is not
         registered, RuntimeError if the selector is closed."""
-        if self._map is None:
-            raise RuntimeError("Selector is closed")
-        try:
-            return self._records[self._fileobj_lookup(fileobj)].key
-        except KeyError:
-            raise KeyError(f"{fileobj!r} is not registered") from None
+        key = self._key_or_none(fileobj)
+        if key is None:
+            raise KeyError(f"{fileobj!r} is not registered")
+        return key
 
     def _key_or_none(self, fileobj: Any) -> SelectorKey | None:
         """:meth:`get_key`'s answer, or None where it raises KeyError (the
         loop's add and remove of readers and writers ask this on every
-        call, and a miss is common: no exception for it)."""
+        call, and a miss is common: no exception for it). RuntimeError if
+        the selector is closed, ValueError for an invalid file object."""
         if self._map is None:
             raise RuntimeError("Selector is closed")
         record = self._records.get(self._fileobj_lookup(fileobj))
