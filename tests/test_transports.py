@@ -198,6 +198,10 @@ def _touched_by(frame: Any) -> List[Any]:
             add(getattr(getattr(value, "_callback", None), "__self__", None), True)
             for arg in getattr(value, "_args", None) or ():
                 add(arg, True)
+                # A transport's method passed on as an argument: asyncio's
+                # transports start reading with call_soon(loop._add_reader,
+                # fd, self._read_ready), a step of that transport.
+                add(getattr(arg, "__self__", None), True)
         elif isinstance(value, (asyncio.BaseTransport, _Echoing)):
             found.append(value)
 
