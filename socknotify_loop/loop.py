@@ -62,6 +62,8 @@ from .transports import DatagramTransport, SocketTransport, sendfile_fallback
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from typing_extensions import TypeVarTuple, Unpack
 
+    from .selector import LoopView
+
     _Ts = TypeVarTuple("_Ts")
 
 _PAIRS = 0xFFFFFFFF
@@ -507,6 +509,20 @@ class Loop(asyncio.SelectorEventLoop):
                 timeout = _MAXIMUM_SELECT_TIMEOUT
             return timeout * 1000.0 if timeout > 0.0 else 0
 
+        def _sleep(self, view: LoopView) -> int:
+            """The wait of an iteration with a timer pending, once a poll
+            found nothing: until the timer (the timeout computed now, as
+            asyncio computes it), or the general call if a signal handler
+            queued a change since, or no wait at all if it made a callback
+            ready."""
+            ms = self._wait_ms()
+            if view.queued:
+                return view.select(view.port, view.prepare(), ms)
+            if not ms:
+                return 0
+            wait = view.wait
+            return wait(view.port, ms)
+
         def _run_once(self) -> None:
             """One iteration: run timers due, wait on the port, queue the
             ready handles, run what is ready (see the module docstring)."""
@@ -560,13 +576,14 @@ class Loop(asyncio.SelectorEventLoop):
                 poll = view.poll
                 got = poll(view.port)
             elif scheduled:
-                timeout = scheduled[0]._when - self.time()
-                if timeout > _MAXIMUM_SELECT_TIMEOUT:  # not min(): a call
-                    timeout = _MAXIMUM_SELECT_TIMEOUT
-                # Float milliseconds: the port rounds them up, as the
-                # selectors round, so the wait never ends early.
-                wait = view.wait
-                got = wait(view.port, timeout * 1000.0 if timeout > 0.0 else 0)
+                # A timer pending: poll first. A busy loop finds an event
+                # ready, and then the wait's timeout (a clock reading and
+                # a call with two arguments) is not needed; only a wait
+                # that finds nothing, about to sleep, pays for it.
+                poll = view.poll
+                got = poll(view.port)
+                if not got:
+                    got = self._sleep(view)
             else:
                 block = view.block
                 got = block(view.port)

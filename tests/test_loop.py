@@ -1502,6 +1502,134 @@ def test_a_read_alone_runs_without_the_ready_queue():
         b.close()
 
 
+class _CountedView:
+    """A loop's view of its selector with its port calls recorded, and a
+    hook run once after a poll: where a signal handler could run, between
+    the poll and the wait it leads to."""
+
+    def __init__(self, view, after_poll=None):
+        self._view = view
+        self.calls = []
+        self.after_poll = after_poll
+
+    def __getattr__(self, name):
+        return getattr(self._view, name)
+
+    def poll(self, port):
+        got = self._view.poll(port)
+        self.calls.append("poll")
+        hook, self.after_poll = self.after_poll, None
+        if hook is not None:
+            hook()
+        return got
+
+    def wait(self, port, ms):
+        self.calls.append(("wait", ms))
+        return self._view.wait(port, ms)
+
+    def block(self, port):
+        self.calls.append("block")
+        return self._view.block(port)
+
+    def select(self, port, changes, ms):
+        self.calls.append(("select", ms))
+        return self._view.select(port, changes, ms)
+
+
+def _settled(loop):
+    """One iteration with nothing to do, so that registrations queued for
+    the port (the completion-port backends queue them) are applied."""
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+
+
+def test_with_a_timer_pending_an_event_ready_is_polled_without_a_timed_wait():
+    """A busy iteration with a timer far off: the poll finds the event,
+    and no wait with a timeout is computed or made."""
+    loop = socknotify_loop.new_event_loop()
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        loop.call_later(3600, lambda: None)
+        got = []
+
+        def reader():
+            got.append(a.recv(10))
+            loop.stop()
+        loop.add_reader(a, reader)
+        _settled(loop)
+        b.send(b"x")
+        view = loop._view = _CountedView(loop._view)
+        loop.run_forever()
+        assert got == [b"x"]
+        assert view.calls[0] == "poll"
+        assert not any(call == "block" or call[0] == "wait" for call in view.calls), view.calls
+    finally:
+        loop.close()
+        a.close()
+        b.close()
+
+
+def test_with_a_timer_pending_an_idle_iteration_polls_then_waits_until_the_timer():
+    loop = socknotify_loop.new_event_loop()
+    try:
+        _settled(loop)
+        view = loop._view = _CountedView(loop._view)
+        when = loop.time() + 0.05
+        ran = []
+        loop.call_at(when, lambda: (ran.append(loop.time()), loop.stop()))
+        loop.run_forever()
+        assert view.calls[0] == "poll"
+        # At most 50 ms, and a clock tick (Windows' clock before 3.13
+        # ticks every 15.6 ms).
+        limit = 50.0 + 1000.0 * loop._clock_resolution
+        assert view.calls[1][0] == "wait" and 0 < view.calls[1][1] <= limit, view.calls
+        assert ran and ran[0] >= when - loop._clock_resolution
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("meanwhile", ["callback", "reader"])
+def test_what_a_handler_adds_between_the_poll_and_the_wait_is_not_slept_through(meanwhile):
+    """A signal handler can run between the poll that found nothing and
+    the wait that follows it. A callback it made ready runs without the
+    wait; a reader it added is watched by that wait (on the completion-port
+    backends, whose changes are queued for the next port call, the wait
+    is the call that applies it). A timer an hour off is pending: the old
+    timeout, computed before the handler ran, would sleep through both.
+    A guard timer ends the run after 10 s if the test fails."""
+    loop = socknotify_loop.new_event_loop()
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        loop.call_later(3600, lambda: None)
+        guard = loop.call_later(10, loop.stop)
+        ran = []
+
+        def reader():
+            ran.append(a.recv(10))
+            loop.remove_reader(a)
+            loop.stop()
+
+        def handler():
+            if meanwhile == "callback":
+                loop.call_soon(lambda: (ran.append("callback"), loop.stop()))
+            else:
+                loop.add_reader(a, reader)
+        _settled(loop)
+        b.send(b"x")
+        loop._view = _CountedView(loop._view, after_poll=handler)
+        start = time.monotonic()
+        loop.run_forever()
+        assert time.monotonic() - start < 5
+        assert ran == (["callback"] if meanwhile == "callback" else [b"x"])
+        guard.cancel()
+    finally:
+        loop.close()
+        a.close()
+        b.close()
+
+
 # -- readers and writers: the loop's own add and remove, against asyncio's ------------------
 
 def _reader_writer_story(loop):
