@@ -80,6 +80,25 @@ def test_worker_run_by_path(tmp_path):
     assert records[-1]["ops"] == 50
 
 
+@pytest.mark.parametrize("kind", ["floor", "floor-timer", "ours", "asyncio"])
+def test_the_floor_command_runs_each_kind_to_its_count(kind, tmp_path):
+    """floor.py's runs, without valgrind: each drives the ping-pong to
+    the count asked and stops (the counter's answer is printed here)."""
+    answer = _script(f"""
+        import json
+        from benchmarks import cases, floor
+        ticks = []
+        tick = cases.Counter.tick
+        def counted(self, k=1):
+            ticks.append(k)
+            return tick(self, k)
+        cases.Counter.tick = counted
+        floor.run_one({kind!r}, 40)
+        print(json.dumps(len(ticks)))
+        """, tmp_path)
+    assert answer == 40
+
+
 def test_statistics_paired_ratios_and_pyperf_files(tmp_path):
     answer = _script(f"""
         import json, pyperf
