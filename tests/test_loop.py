@@ -1543,31 +1543,38 @@ def _settled(loop):
     loop.run_forever()
 
 
-def test_with_a_timer_pending_an_event_ready_is_polled_without_a_timed_wait():
-    """A busy iteration with a timer far off: the poll finds the event,
-    and no wait with a timeout is computed or made."""
+@pytest.mark.parametrize("n", [1, 2, 50])
+def test_with_a_timer_pending_events_ready_are_polled_without_a_timed_wait(n):
+    """A busy iteration with a timer far off: the poll finds the events
+    (one, two, fifty sockets readable at once), every reader runs, and no
+    wait with a timeout is computed or made."""
     loop = socknotify_loop.new_event_loop()
-    a, b = socket.socketpair()
-    a.setblocking(False)
+    pairs = [socket.socketpair() for _ in range(n)]
     try:
         loop.call_later(3600, lambda: None)
         got = []
 
-        def reader():
-            got.append(a.recv(10))
-            loop.stop()
-        loop.add_reader(a, reader)
+        def reader(sock):
+            got.append(sock.recv(10))
+            loop.remove_reader(sock)
+            if len(got) == n:
+                loop.stop()
+        for a, _ in pairs:
+            a.setblocking(False)
+            loop.add_reader(a, reader, a)
         _settled(loop)
-        b.send(b"x")
+        for _, b in pairs:
+            b.send(b"x")
         view = loop._view = _CountedView(loop._view)
         loop.run_forever()
-        assert got == [b"x"]
+        assert got == [b"x"] * n
         assert view.calls[0] == "poll"
         assert not any(call == "block" or call[0] == "wait" for call in view.calls), view.calls
     finally:
         loop.close()
-        a.close()
-        b.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
 
 
 def test_with_a_timer_pending_an_idle_iteration_polls_then_waits_until_the_timer():
