@@ -25,7 +25,10 @@ handles go straight from the registration's key to ``_ready``; the clock is
 read only when a timer is scheduled, through ``time`` bound to
 :func:`time.monotonic` itself (what asyncio's ``time()`` returns, one call
 frame less; a subclass or an instance may still replace it), and the wait's
-timeout goes to the port as float milliseconds, rounded up in C.
+timeout goes to the port as float milliseconds, rounded up in C. With a
+timer pending, the iteration polls first and computes the timeout only when
+the poll found nothing: a busy loop skips the clock reading and the timed
+call, and a loop about to sleep makes two port calls instead of one.
 A read that is all its iteration has to run (nothing was ready before
 the wait, no timer is due after it, one registration reported, for reading
 only) runs at once, without its trip through ``_ready``: the order is

@@ -1596,6 +1596,42 @@ def test_with_a_timer_pending_an_idle_iteration_polls_then_waits_until_the_timer
         loop.close()
 
 
+def test_a_wait_that_answers_an_event_makes_the_next_iteration_poll_first():
+    """A loop woken from a timed wait by I/O polls first again: with the
+    socket still readable, the next iteration's call is a poll, not a
+    timed wait."""
+    loop = socknotify_loop.new_event_loop()
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        loop.call_later(3600, lambda: None)
+        reads = []
+
+        def reader():
+            reads.append(a.recv(10))
+            if len(reads) == 1:
+                b.send(b"y")      # readable again for the next iteration
+            else:
+                loop.stop()
+        loop.add_reader(a, reader)
+        _settled(loop)
+        view = loop._view = _CountedView(loop._view)
+        sender = threading.Timer(0.05, b.send, (b"x",))
+        sender.start()
+        try:
+            loop.run_forever()
+        finally:
+            sender.join()
+        assert reads == [b"x", b"y"]
+        # poll (nothing), the timed wait that the send ends, then a poll.
+        assert view.calls[0] == "poll" and view.calls[1][0] == "wait", view.calls
+        assert view.calls[2] == "poll", view.calls
+    finally:
+        loop.close()
+        a.close()
+        b.close()
+
+
 @pytest.mark.parametrize("meanwhile", ["callback", "reader"])
 def test_what_a_handler_adds_between_the_poll_and_the_wait_is_not_slept_through(meanwhile):
     """A signal handler can run between the poll that found nothing and
