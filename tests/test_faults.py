@@ -860,20 +860,25 @@ def test_windows_handle_reuse_after_close(backend):
 
 
 @pytest.mark.timeout(120)
-def test_a_selector_closed_under_a_busy_loop_ends_it_with_a_clear_error():
+@pytest.mark.parametrize("timer", [False, True], ids=["no-timer", "timer-pending"])
+def test_a_selector_closed_under_a_busy_loop_ends_it_with_a_clear_error(timer):
     """Another thread closes the loop's selector while the loop serves a
     hundred readable sockets: run_forever() ends with the closed
     selector's ValueError (or RuntimeError), never an IndexError from the
     loop's reading of an answer the close emptied. (Stock asyncio's
-    loop meets its closed epoll object's ValueError or EBADF.)"""
+    loop meets its closed epoll object's ValueError or EBADF.) With a
+    timer pending the iteration polls before it waits: the close may land
+    on either call."""
     if running_under_wine():
         pytest.skip(WINE_PORT_CLOSE_RACE)
-    out = run_child("""
+    out = run_child(f"""
         import asyncio, socket, threading
         import socknotify_loop
-        errors = {}
+        errors = {{}}
         for _ in range(15):
             loop = socknotify_loop.new_event_loop()
+            if {timer!r}:
+                loop.call_later(3600, lambda: None)
             pairs = [socket.socketpair() for _ in range(100)]
             for a, b in pairs:
                 b.send(b"x")
