@@ -613,47 +613,62 @@ class Loop(asyncio.SelectorEventLoop):
                 # tests below use !=, which Python specialises for small
                 # ints, where & is a generic call.
                 mask = got & 3
-                if mask:
-                    # Most iterations get exactly one event: read it in
-                    # place. This is the loop below, written out for one
-                    # pair, which saves its tuple, iterator and loop;
-                    # writing the dispatch once for both paths cost more
-                    # than the copy (the figures are in docs/design.md).
+                if mask == 1:
+                    # One read event, the usual answer: its reader read in
+                    # place, without the key and the writer in locals (a
+                    # local would hold them while the callback runs, see
+                    # below). The key's data by index: a SelectorKey is a
+                    # named tuple, and its field read by name is a generic
+                    # lookup on CPython 3.11 (about 90 instructions more).
                     # A tag names one registration for good: a KeyError
                     # means it ended since the wait returned (a signal
                     # handler, another thread), and the answer is dropped.
+                    try:
+                        reader = view.keys[got >> 2][3][0]
+                    except KeyError:
+                        reader = None
+                    if reader is None:
+                        pass
+                    elif reader._cancelled:
+                        key = view.keys.get(got >> 2)
+                        if key is not None:
+                            self._remove_reader(key.fileobj)
+                    elif not ready and not due and type(reader) is _PlainHandle:
+                        # The read is all this iteration runs: nothing was
+                        # ready before it and no timer is due after it. Run
+                        # it now, as the run below would, without the round
+                        # trip through the ready queue; what it schedules
+                        # runs next time, as there.
+                        try:
+                            args = reader._args
+                            if args:   # sock_recv's (future, socket, size)
+                                reader._context.run(reader._callback, *args)
+                            else:
+                                reader._context.run(reader._callback)
+                        except (SystemExit, KeyboardInterrupt):
+                            raise
+                        except BaseException as exc:  # as Handle._run does
+                            _callback_failed(reader, exc)
+                        return
+                    else:
+                        ready.append(reader)
+                elif mask:
+                    # One write event, or both: the loop below written out
+                    # for one pair, which saves its tuple, iterator and
+                    # loop (writing the dispatch once for both paths cost
+                    # more than the copy: docs/design.md has the figures).
                     try:
                         key = view.keys[got >> 2]
                     except KeyError:
                         pass
                     else:
-                        reader, writer = key.data
+                        reader, writer = key[3]
                         if mask != 2 and reader is not None:
                             if reader._cancelled:
                                 self._remove_reader(key.fileobj)
-                            elif (mask == 1 and not ready and not due
-                                    and type(reader) is _PlainHandle):
-                                # The read is all this iteration runs:
-                                # nothing was ready before it and no timer
-                                # is due after it. Run it now, as the run
-                                # below would, without the round trip
-                                # through the ready queue; what it
-                                # schedules runs next time, as there.
-                                key = writer = None
-                                try:
-                                    args = reader._args
-                                    if args:   # sock_recv's (future, socket, size)
-                                        reader._context.run(reader._callback, *args)
-                                    else:
-                                        reader._context.run(reader._callback)
-                                except (SystemExit, KeyboardInterrupt):
-                                    raise
-                                except BaseException as exc:  # as Handle._run does
-                                    _callback_failed(reader, exc)
-                                return
                             else:
                                 ready.append(reader)
-                        if mask != 1 and writer is not None:
+                        if writer is not None:
                             if writer._cancelled:
                                 self._remove_writer(key.fileobj)
                             else:
@@ -671,7 +686,7 @@ class Loop(asyncio.SelectorEventLoop):
                             key = keys[tag]
                         except KeyError:
                             continue
-                        reader, writer = key.data
+                        reader, writer = key[3]
                         if mask != 2 and reader is not None:
                             if reader._cancelled:
                                 self._remove_reader(key.fileobj)

@@ -26,6 +26,15 @@ the paths that run per event for this loop. The choices, and why:
   returns at once. The rarer cases (other buffer types, errors, a
   non-empty buffer) go to :meth:`_write_checked`, which keeps asyncio's order
   of checks and errors.
+- The datagram transport's ``sendto`` does the same: ``_can_send`` says
+  that no datagram is queued and the connection is not lost; with it, a
+  non-empty ``bytes`` object and no address to check against the
+  endpoint's own, the datagram goes to the socket at once, and the rest
+  goes through :meth:`DatagramTransport._sendto_checked`, in asyncio's
+  order. Its read has two methods, one for a connected IPv4 socket (see
+  ``DatagramTransport.__init__``) and one for the rest, so that neither
+  tests per datagram which it is. Together about 830 fewer instructions
+  per UDP round trip under callgrind on CPython 3.11 (docs/design.md).
 - The write buffer is one ``bytearray``: a partial send keeps only what is
   left, deleting from its front is cheap in CPython (the array moves its
   start, not its bytes), and ``get_write_buffer_size`` is ``len``.
@@ -115,6 +124,9 @@ if sys.version_info >= (3, 14):
 else:
     _WRITE_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
 _DATAGRAM_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
+#: What DatagramTransport._sendto_checked answers for a datagram dropped
+#: or queued: nothing to send now.
+_DONE: Any = object()
 
 
 # A socket's family and type as plain numbers: socket.socket's properties
@@ -760,10 +772,15 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
         # name, nor Unix datagrams, whose sender's name may differ.
         self._peer: Any = (self._extra["peername"]
                            if self._connected and _family_of(sock) == socket.AF_INET else None)
+        self._can_send = True
         self._start(waiter)
 
     def _reader(self) -> Any:
-        return self._read
+        # Two read paths, so that neither tests which one it is per event.
+        return self._read if self._peer is None else self._read_peer
+
+    def _update_can_send(self) -> None:
+        self._can_send = not (self._buffer or self._conn_lost)
 
     def _first_read_size(self) -> int:
         """A datagram is read whole or cut, so its read never grows: on an
@@ -782,18 +799,13 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
         self._buffer_size = 0
 
     def _read(self) -> None:
-        """Ready to read: one datagram to datagram_received, or the error
-        (an ICMP error reported on the socket) to error_received. A
-        connected IPv4 socket reads by recv, with its peer's address
-        (see __init__)."""
+        """Ready to read: one datagram and its sender's address to
+        datagram_received, or the error (an ICMP error reported on the
+        socket) to error_received."""
         if self._conn_lost:
             return
         try:
-            peer = self._peer
-            if peer is None:
-                data, addr = self._sock.recvfrom(self._read_size)  # type: ignore[union-attr]
-            else:
-                data, addr = self._sock.recv(self._read_size), peer  # type: ignore[union-attr]
+            data, addr = self._sock.recvfrom(self._read_size)  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -806,12 +818,60 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
             return
         self._protocol.datagram_received(data, addr)
 
+    def _read_peer(self) -> None:
+        """_read for a connected IPv4 socket: recv, and its peer's address
+        (see __init__)."""
+        if self._conn_lost:
+            return
+        try:
+            data = self._sock.recv(self._read_size)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._protocol.error_received(exc)
+            return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal read error on datagram transport")
+            return
+        self._protocol.datagram_received(data, self._peer)
+
     def sendto(self, data: Any, addr: Any = None) -> None:
         """Send one datagram now, or queue it while earlier ones wait."""
+        # The plain case tested first, as in the stream transport's
+        # write(): nothing queued and the connection not lost
+        # (_can_send), a non-empty bytes object, and no address to check
+        # against the endpoint's own. Anything else goes through
+        # _sendto_checked, in asyncio's order of checks and errors.
+        if (not self._can_send or type(data) is not bytes or not data
+                or (addr is not None and self._address is not None)):
+            addr = self._sendto_checked(data, addr)
+            if addr is _DONE:
+                return
+        try:
+            if self._connected:
+                self._sock.send(data)  # type: ignore[union-attr]
+            else:
+                self._sock.sendto(data, addr)  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            self._add_writer(self._sendto_ready)
+            self._queue(data, addr)
+        except OSError as exc:
+            self._protocol.error_received(exc)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal write error on datagram transport")
+
+    def _sendto_checked(self, data: Any, addr: Any) -> Any:
+        """sendto()'s checks for every case but the plain one: the address
+        to send to now, or _DONE when the datagram was dropped or queued
+        (or, from a check, an exception)."""
         if type(data) is not bytes and not isinstance(data, (bytearray, memoryview)):
             raise TypeError(_DATAGRAM_TYPE_MESSAGE.format(type(data).__name__))
         if not data and not _SEND_EMPTY_DATAGRAM:
-            return
+            return _DONE
         address = self._address
         if address:
             # Not `addr not in (None, address)`: that builds a tuple per call.
@@ -822,26 +882,17 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
             if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
                 logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
-            return
-        if not self._buffer:
-            try:
-                if self._connected:
-                    self._sock.send(data)  # type: ignore[union-attr]
-                else:
-                    self._sock.sendto(data, addr)  # type: ignore[union-attr]
-                return
-            except (BlockingIOError, InterruptedError):
-                self._add_writer(self._sendto_ready)
-            except OSError as exc:
-                self._protocol.error_received(exc)
-                return
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal_error(exc, "Fatal write error on datagram transport")
-                return
+            return _DONE
+        if self._buffer:
+            self._queue(data, addr)
+            return _DONE
+        return addr
+
+    def _queue(self, data: Any, addr: Any) -> None:
+        """A datagram into the queue, sent once the socket is writable."""
         # A copy: the caller may reuse a mutable buffer.
         self._buffer.append((bytes(data), addr))
+        self._can_send = False
         self._buffer_size += len(data) + _DATAGRAM_HEADER
         self._maybe_pause_protocol()
 
@@ -878,6 +929,7 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
                 return
         self._maybe_resume_protocol()  # may queue more
         if not buffer:
+            self._update_can_send()
             self._loop._remove_writer(self._sock_fd)
             if self._closing:
                 self._call_connection_lost(None)

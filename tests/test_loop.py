@@ -1118,6 +1118,68 @@ def test_loop_refuses_a_foreign_selector_quietly():
     assert result.stderr == ""
 
 
+def _names_specialised() -> int:
+    """The most attribute names a class's instances may use with their
+    attribute reads still specialised by this CPython (a read by
+    LOAD_ATTR_INSTANCE_VALUE; past it, CPython keeps the instance's
+    attributes in a dictionary and reads them by a lookup in it), measured
+    on classes of 20 to 40 attributes; 0 if none was specialised."""
+    import dis
+    import io
+    most = 0
+    for n in range(20, 41):
+        namespace: dict = {}
+        exec("class C:\n    def __init__(self):\n"
+             + "".join(f"        self.a{i} = {i}\n" for i in range(n))
+             + "def read(o):\n    return o.a0\n", namespace)
+        obj = namespace["C"]()
+        for _ in range(100):   # past the specialiser's warm-up
+            namespace["read"](obj)
+        out = io.StringIO()
+        dis.dis(namespace["read"], adaptive=True, file=out)  # type: ignore[call-arg]
+        if "LOAD_ATTR_INSTANCE_VALUE" not in out.getvalue():
+            break
+        most = n
+    return most
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info < (3, 11),
+                    reason="CPython 3.11 and later specialise attribute reads")
+@pytest.mark.skipif(bool(__import__("sysconfig").get_config_var("Py_GIL_DISABLED")),
+                    reason="the free-threaded build specialises differently")
+def test_the_loop_and_its_transports_keep_their_attribute_reads_specialised():
+    """The iteration and the transports read their state as instance
+    attributes, which CPython specialises only while the instances of a
+    class have used few enough names (29 on 3.11 to 3.13, 30 on 3.14 and
+    3.15, measured by _names_specialised). asyncio's loop uses 24 to 27 of
+    them: a name this loop adds must fit what is left (docs/design.md)."""
+    most = _names_specialised()
+    assert most >= 25, f"no attribute read specialised up to {most} names"
+    loop = socknotify_loop.new_event_loop()
+
+    async def main():
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        stream, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        datagram, _ = await loop.create_datagram_endpoint(
+            asyncio.DatagramProtocol, local_addr=("127.0.0.1", 0))
+        stream.write(b"x")
+        await asyncio.sleep(0.01)   # a timer, a run through every path above
+        used = {"stream": len(vars(stream)), "datagram": len(vars(datagram))}
+        stream.close()
+        datagram.close()
+        server.close()
+        await server.wait_closed()
+        return used
+
+    try:
+        used = loop.run_until_complete(main())
+        used["loop"] = len(vars(loop))
+    finally:
+        loop.close()
+    assert max(used.values()) <= most, (used, most)
+
+
 @pytest.mark.parametrize("make", [socknotify_loop.new_event_loop, asyncio.SelectorEventLoop],
                          ids=["ours", "asyncio"])
 def test_timer_due_at_now_with_a_zero_clock_resolution(make):

@@ -1265,6 +1265,58 @@ class _TestTransports:
         finally:
             peer.close()
 
+    def test_datagrams_queued_behind_a_full_socket_keep_their_order(self):
+        """A datagram the socket refuses (BlockingIOError) is queued, and
+        every datagram sent while the queue is not empty goes behind it,
+        also when the queue's own send is refused again; once it has
+        drained, sendto sends at once again. Both ways of sending: a
+        connected socket's send() and an unconnected one's sendto()."""
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            for connected in (True, False):
+                peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                peer.bind((LOCALHOST, 0))
+                peer.setblocking(False)
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind((LOCALHOST, 0))
+                name = "send" if connected else "sendto"
+                if connected:
+                    sock.connect(peer.getsockname())
+                # The first send is refused, and so is the third: the
+                # queue's first try sends one datagram, its second is
+                # refused, and the datagram goes back to the queue's head.
+                faulty = FaultySocket(sock, {name: {1: BlockingIOError(),
+                                                    3: BlockingIOError()}})
+                try:
+                    transport, proto = await loop.create_datagram_endpoint(
+                        _Datagrams, sock=faulty)
+                    addr = None if connected else peer.getsockname()
+                    for i in range(5):
+                        transport.sendto(b"d%d" % i, addr)
+                    self.assertEqual(transport.get_write_buffer_size(),
+                                     sum(len(b"d%d" % i) for i in range(5))
+                                     + 5 * (8 if sys.version_info >= (3, 13) else 0))
+                    got = [await asyncio.wait_for(loop.sock_recv(peer, 100), 10)
+                           for _ in range(5)]
+                    self.assertEqual(got, [b"d%d" % i for i in range(5)])
+                    while transport.get_write_buffer_size():
+                        await asyncio.sleep(0)
+                    calls = faulty.calls[name]
+                    transport.sendto(b"direct", addr)
+                    # Sent within the call: nothing queued, one more send.
+                    self.assertEqual(transport.get_write_buffer_size(), 0)
+                    self.assertEqual(faulty.calls[name], calls + 1)
+                    self.assertEqual(
+                        await asyncio.wait_for(loop.sock_recv(peer, 100), 10), b"direct")
+                    self.assertTrue(proto.got.empty())   # no error_received
+                    transport.close()
+                    self.assertIsNone(await proto.lost)
+                finally:
+                    peer.close()
+
+        self.run_loop(main(), timeout=60)
+
     def check_handler_calls(self, expected: List[Tuple[BaseException, Any, Any, str]]) -> None:
         """The exception handler heard of each non-OSError failure once, in
         asyncio's words and with its context's keys, and of nothing else."""
