@@ -800,21 +800,13 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
 
     def _read(self) -> None:
         """Ready to read: one datagram and its sender's address to
-        datagram_received, or the error (an ICMP error reported on the
-        socket) to error_received."""
+        datagram_received."""
         if self._conn_lost:
             return
         try:
             data, addr = self._sock.recvfrom(self._read_size)  # type: ignore[union-attr]
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._protocol.error_received(exc)
-            return
-        except (SystemExit, KeyboardInterrupt):
-            raise
         except BaseException as exc:
-            self._fatal_error(exc, "Fatal read error on datagram transport")
+            self._read_failed(exc)
             return
         self._protocol.datagram_received(data, addr)
 
@@ -825,17 +817,25 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
             return
         try:
             data = self._sock.recv(self._read_size)  # type: ignore[union-attr]
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._protocol.error_received(exc)
-            return
-        except (SystemExit, KeyboardInterrupt):
-            raise
         except BaseException as exc:
-            self._fatal_error(exc, "Fatal read error on datagram transport")
+            self._read_failed(exc)
             return
         self._protocol.datagram_received(data, self._peer)
+
+    def _read_failed(self, exc: BaseException) -> None:
+        """What a read's exception means: nothing to read yet
+        (BlockingIOError, InterruptedError), an error the socket reports
+        (an OSError, such as the ICMP error of an earlier datagram) for
+        error_received, SystemExit and KeyboardInterrupt to go on, and
+        anything else a fatal error."""
+        if isinstance(exc, (BlockingIOError, InterruptedError)):
+            return
+        if isinstance(exc, OSError):
+            self._protocol.error_received(exc)
+        elif isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            raise exc
+        else:
+            self._fatal_error(exc, "Fatal read error on datagram transport")
 
     def sendto(self, data: Any, addr: Any = None) -> None:
         """Send one datagram now, or queue it while earlier ones wait."""
