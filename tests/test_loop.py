@@ -1143,10 +1143,12 @@ def _names_specialised() -> int:
     return most
 
 
-@pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info < (3, 11),
-                    reason="CPython 3.11 and later specialise attribute reads")
+@pytest.mark.skipif(sys.implementation.name != "cpython",
+                    reason="PyPy does not specialise as CPython does")
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.11+ specialises attribute reads")
 @pytest.mark.skipif(bool(__import__("sysconfig").get_config_var("Py_GIL_DISABLED")),
-                    reason="the free-threaded build specialises differently")
+                    reason="needs a build with the GIL: the free-threaded one specialises"
+                           " differently")
 def test_the_loop_and_its_transports_keep_their_attribute_reads_specialised():
     """The iteration and the transports read their state as instance
     attributes, which CPython specialises only while the instances of a
