@@ -11,7 +11,6 @@ import asyncio
 import collections
 import errno
 import gc
-import inspect
 import io
 import os
 import random
@@ -31,7 +30,7 @@ from _platform import no_sigalrm
 from _testbase import AsyncioTestCase, BaseLoopTestCase, skip_unless_posix
 
 from socknotify_loop import Loop
-from socknotify_loop.transports import DatagramTransport, SocketTransport
+from socknotify_loop.transports import _ATTACH_TAKES_TRANSPORT, DatagramTransport, SocketTransport
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -1108,7 +1107,7 @@ class _TestTransports:
                 server = getattr(transport, "_server", None)
                 if server is not None:
                     transport._server = None
-                    if len(inspect.signature(server._detach).parameters):
+                    if _ATTACH_TAKES_TRANSPORT:
                         server._detach(transport)
                     else:
                         server._detach()
