@@ -94,12 +94,13 @@ class _TestTCP:
         self.assertEqual(b"".join(received), b"hello world")
 
     def test_connection_refused(self):
-        listener = socket.socket()
-        listener.bind((LOCALHOST, 0))
-        port = listener.getsockname()[1]
-        listener.close()
-        with self.assertRaises(ConnectionRefusedError):
-            self.run_loop(asyncio.open_connection(LOCALHOST, port))
+        # Bound and never listening for the whole test: a port closed first
+        # could be taken by a suite running beside this one.
+        with socket.socket() as probe:
+            probe.bind((LOCALHOST, 0))
+            port = probe.getsockname()[1]
+            with self.assertRaises(ConnectionRefusedError):
+                self.run_loop(asyncio.open_connection(LOCALHOST, port))
 
     def test_peer_close_gives_eof(self):
         async def main():

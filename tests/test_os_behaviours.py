@@ -14,23 +14,11 @@ import threading
 import time
 
 import pytest
+from _platform import open_handles
 
 import socknotify_loop
 
 WINDOWS = sys.platform == "win32"
-
-
-def open_handles() -> int:
-    """Handles (Windows) or file descriptors (Linux) this process holds."""
-    if WINDOWS:
-        import ctypes
-        from ctypes import wintypes
-        count = wintypes.DWORD()
-        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
-        if not kernel32.GetProcessHandleCount(kernel32.GetCurrentProcess(), ctypes.byref(count)):
-            raise ctypes.WinError(ctypes.get_last_error())
-        return count.value
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.fixture

@@ -136,13 +136,16 @@ def test_hangup_on_peer_close(port):
 
 
 def test_err_on_refused_connect(port):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    address = listener.getsockname()
-    listener.close()   # nobody listens there now: the connect is refused
+    # The address stays bound, never listening, until the end: closed first,
+    # its port could be taken by a listener of a suite running beside this
+    # one, and the connect would succeed (then end in a reset, an error event
+    # with no SO_ERROR).
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    address = probe.getsockname()
     s = socket.socket()
     s.setblocking(False)
-    with s:
+    with s, probe:
         try:
             s.connect(address)
         except (BlockingIOError, InterruptedError):

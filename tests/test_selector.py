@@ -347,10 +347,11 @@ def test_half_close_wakes_the_reader_not_the_blocked_writer(selector):
 
 
 def test_failed_connect_is_reported_to_a_writer(selector):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    listener.close()   # nothing listens there now: connect is refused
+    # Bound and never listening until the end: a port closed first could be
+    # taken by a listener of a suite running beside this one.
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
     sock = socket.socket()
     sock.setblocking(False)
     try:
@@ -365,6 +366,7 @@ def test_failed_connect_is_reported_to_a_writer(selector):
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
     finally:
         sock.close()
+        probe.close()
 
 
 # -- timeouts --------------------------------------------------------------------------
