@@ -55,20 +55,44 @@ def need(module: str, package: str | None = None):
 
 
 def free_port() -> int:
+    """A port nothing is bound to now. Only now: another process (a suite
+    running beside this one) may bind it before the server does, so a
+    server's start tries again on another port when its log says so."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+#: How many ports a server's start tries before its failure stands.
+PORT_ATTEMPTS = 3
+
+
+def _port_was_taken(log: str) -> bool:
+    """Whether a server's log says its port was in use."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            return "Address already in use" in f.read()
+    except OSError:
+        return False
+
+
 def _wait_for_port(port: int, proc: subprocess.Popen | None, what: str,
-                   log: str | None = None, timeout: float = 30.0) -> None:
+                   log: str | None = None, timeout: float = 30.0,
+                   hello: tuple[bytes, bytes] | None = None) -> None:
+    """Wait until the server listens on ``port``. With ``hello`` (what to
+    send, how the answer starts), the listener must also answer as the
+    server does: one that merely accepts may be another process's."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             break
         with contextlib.suppress(OSError), \
-                socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
+                socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            if hello is None:
+                return
+            sock.sendall(hello[0])
+            if sock.recv(64).startswith(hello[1]):
+                return
         time.sleep(0.05)
     detail = ""
     if log and os.path.exists(log):
@@ -114,21 +138,28 @@ def postgres_server() -> Iterator[str]:
     log = os.path.join(base, "server.log")
     if sys.platform != "win32" and os.geteuid() == 0:
         shutil.chown(base, "postgres", "postgres")
-    port = free_port()
     started = False
     try:
         subprocess.run(_as_server_user(
             [os.path.join(bindir, "initdb"), "-D", data, "-U", "postgres", "-A", "trust",
              "-E", "UTF8", "--locale=C", "--no-sync"]),
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
-        # fsync off: a test cluster never needs to survive a crash.
-        options = (f"-p {port} -c listen_addresses=127.0.0.1 -k {base} "
-                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                   "-c max_connections=40")
-        subprocess.run(_as_server_user(
-            [os.path.join(bindir, "pg_ctl"), "-D", data, "-l", log, "-w", "-t", "60",
-             "-o", options, "start"]),
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=90)
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_port()
+            # fsync off: a test cluster never needs to survive a crash.
+            options = (f"-p {port} -c listen_addresses=127.0.0.1 -k {base} "
+                       "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                       "-c max_connections=40")
+            try:
+                subprocess.run(_as_server_user(
+                    [os.path.join(bindir, "pg_ctl"), "-D", data, "-l", log, "-w", "-t", "60",
+                     "-o", options, "start"]),
+                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=90)
+            except subprocess.CalledProcessError:
+                if attempt + 1 == PORT_ATTEMPTS or not _port_was_taken(log):
+                    raise
+                continue
+            break
         started = True
         _wait_for_port(port, None, "PostgreSQL", log)
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
@@ -152,14 +183,23 @@ def redis_server() -> Iterator[str]:
         raise FileNotFoundError("redis-server not found; apt-get install redis-server")
     base = tempfile.mkdtemp(prefix="socknotify-redis-")
     log = os.path.join(base, "server.log")
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", base, "--daemonize", "no"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    for attempt in range(PORT_ATTEMPTS):
+        port = free_port()
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", base, "--daemonize", "no"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait_for_port(port, proc, "redis-server", log, hello=(b"PING\r\n", b"+PONG"))
+        except RuntimeError:
+            stop_process(proc)
+            if attempt + 1 == PORT_ATTEMPTS or not _port_was_taken(log):
+                shutil.rmtree(base, ignore_errors=True)
+                raise
+            continue
+        break
     try:
-        _wait_for_port(port, proc, "redis-server", log)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         stop_process(proc)
