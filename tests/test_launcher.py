@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 import pytest
-from servers import child_env, need
+from servers import PORT_ATTEMPTS, child_env, free_port, need
 
 import socknotify_loop
 
@@ -436,14 +436,10 @@ APP = textwrap.dedent("""\
     """)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def http_get(port: int, deadline: float) -> bytes:
-    """GET / from 127.0.0.1:port, retrying until the server listens."""
+def http_get(port: int, deadline: float,
+             server: Optional[subprocess.Popen] = None) -> Optional[bytes]:
+    """GET / from 127.0.0.1:port, retrying until the server listens; None
+    if ``server`` has ended without listening."""
     while True:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -455,6 +451,8 @@ def http_get(port: int, deadline: float) -> bytes:
                         return b"".join(chunks)
                     chunks.append(chunk)
         except (ConnectionRefusedError, ConnectionResetError):
+            if server is not None and server.poll() is not None:
+                return None
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
@@ -469,21 +467,27 @@ def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
     if loop_option == "uvloop":
         need_uvloop()
     (tmp_path / "app.py").write_text(APP)
-    port = free_port()
     env = child_env()
-    # --limit-max-requests 1: uvicorn shuts down by itself after the request.
-    server = subprocess.Popen(
-        [sys.executable, "-m", "socknotify_loop", "-m", "uvicorn", "app:app",
-         "--host", "127.0.0.1", "--port", str(port), "--loop", loop_option,
-         "--limit-max-requests", "1"],
-        cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        response = http_get(port, time.monotonic() + 60)
-        stdout, stderr = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.communicate()
+    for attempt in range(PORT_ATTEMPTS):
+        port = free_port()
+        # --limit-max-requests 1: uvicorn shuts down by itself after the request.
+        server = subprocess.Popen(
+            [sys.executable, "-m", "socknotify_loop", "-m", "uvicorn", "app:app",
+             "--host", "127.0.0.1", "--port", str(port), "--loop", loop_option,
+             "--limit-max-requests", "1"],
+            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            response = http_get(port, time.monotonic() + 60, server)
+            stdout, stderr = server.communicate(timeout=60)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.communicate()
+        # A port taken meanwhile (by a suite running beside this one): another.
+        if response is not None or "in use" not in stderr or attempt + 1 == PORT_ATTEMPTS:
+            break
+    assert response is not None, stderr
     assert response.startswith(b"HTTP/1.1 200"), (response, stderr)
     assert response.split(b"\r\n\r\n", 1)[1].decode() == OURS, stderr
     assert server.returncode == 0, stderr

@@ -14,10 +14,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import pytest
-from servers import child_env, free_port, need, stop_process
+from servers import PORT_ATTEMPTS, child_env, free_port, need, stop_process
 
 import socknotify_loop
 
@@ -69,29 +69,45 @@ def get_body(port: int, path: str = "/") -> bytes:
     return body
 
 
-def serve_and_ask(cmd: List[str], cwd: str, port: int, requests: int = 3,
+def serve_and_ask(cmd: Callable[[int], List[str]], cwd: str, requests: int = 3,
                   path: str = "/", env: Optional[dict] = None) -> List[str]:
-    """Start ``cmd`` (a server on 127.0.0.1:port), GET ``path`` ``requests``
-    times once it answers, stop it; the bodies. The server's output is in
-    the assertion message when it never answers."""
-    server = subprocess.Popen(cmd, cwd=cwd, env={**child_env(), **(env or {})},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                first = get_body(port, path)
-                break
-            except (ConnectionRefusedError, ConnectionResetError):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    stop_process(server)
-                    pytest.fail(f"{cmd} did not serve:\n{server.stdout.read()}")
-                time.sleep(0.1)
-        return [first.decode()] + [get_body(port, path).decode() for _ in range(requests - 1)]
-    finally:
-        stop_process(server)
-        if server.stdout:
-            server.stdout.close()
+    """Start ``cmd(port)`` (a server on 127.0.0.1:port, a free port), GET
+    ``path`` ``requests`` times once it answers, stop it; the bodies. A
+    server that could not bind because its port was taken meanwhile (by a
+    suite running beside this one) is started again on another port. The
+    server's output is in the assertion message when it never answers."""
+    for attempt in range(PORT_ATTEMPTS):
+        port = free_port()
+        server = subprocess.Popen(cmd(port), cwd=cwd, env={**child_env(), **(env or {})},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            first = _first_answer(server, port, path, last=attempt + 1 == PORT_ATTEMPTS)
+            if first is None:
+                continue
+            return [first.decode()] + [get_body(port, path).decode()
+                                       for _ in range(requests - 1)]
+        finally:
+            stop_process(server)
+            if server.stdout:
+                server.stdout.close()
+    raise AssertionError("not reached: the last attempt answers or fails")
+
+
+def _first_answer(server: subprocess.Popen, port: int, path: str, last: bool) -> Optional[bytes]:
+    """The first body ``server`` serves; None if it ended saying its port was
+    in use and another port may be tried; a test failure otherwise."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            return get_body(port, path)
+        except (ConnectionRefusedError, ConnectionResetError):
+            if server.poll() is not None or time.monotonic() > deadline:
+                stop_process(server)
+                output = server.stdout.read() if server.stdout else ""
+                if "in use" in output and not last:
+                    return None
+                pytest.fail(f"{server.args} did not serve:\n{output}")
+            time.sleep(0.1)
 
 
 # -- gunicorn with the uvicorn-worker package ----------------------------------------------
@@ -103,12 +119,11 @@ def test_gunicorn_uvicorn_worker_through_the_launcher(tmp_path):
     need("gunicorn")
     need("uvicorn_worker")
     (tmp_path / "app.py").write_text(LOOP_APP)
-    port = free_port()
     bodies = serve_and_ask(
-        [sys.executable, "-m", "socknotify_loop", "-m", "gunicorn",
-         "-k", "uvicorn_worker.UvicornWorker", "--workers", "2",
-         "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "5", "app:app"],
-        cwd=str(tmp_path), port=port, requests=6)
+        lambda port: [sys.executable, "-m", "socknotify_loop", "-m", "gunicorn",
+                      "-k", "uvicorn_worker.UvicornWorker", "--workers", "2",
+                      "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "5", "app:app"],
+        cwd=str(tmp_path), requests=6)
     assert bodies == [OURS] * 6
 
 
@@ -129,11 +144,11 @@ def test_gunicorn_worker_class_naming_the_loop(tmp_path):
     need("uvicorn_worker")
     (tmp_path / "app.py").write_text(LOOP_APP)
     (tmp_path / "workers.py").write_text(WORKER_MODULE)
-    port = free_port()
     bodies = serve_and_ask(
-        [sys.executable, "-m", "gunicorn", "-k", "workers.SocknotifyWorker", "--workers", "2",
-         "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "5", "app:app"],
-        cwd=str(tmp_path), port=port, requests=6)
+        lambda port: [sys.executable, "-m", "gunicorn", "-k", "workers.SocknotifyWorker",
+                      "--workers", "2", "--bind", f"127.0.0.1:{port}",
+                      "--graceful-timeout", "5", "app:app"],
+        cwd=str(tmp_path), requests=6)
     assert bodies == [OURS] * 6
 
 
@@ -147,11 +162,10 @@ def test_hypercorn_through_the_launcher(tmp_path, worker_class):
     if worker_class == "uvloop":
         need("uvloop")
     (tmp_path / "app.py").write_text(LOOP_APP)
-    port = free_port()
     bodies = serve_and_ask(
-        [sys.executable, "-m", "socknotify_loop", "-m", "hypercorn", "-k", worker_class,
-         "--bind", f"127.0.0.1:{port}", "app:app"],
-        cwd=str(tmp_path), port=port)
+        lambda port: [sys.executable, "-m", "socknotify_loop", "-m", "hypercorn",
+                      "-k", worker_class, "--bind", f"127.0.0.1:{port}", "app:app"],
+        cwd=str(tmp_path))
     assert bodies == [OURS] * 3
 
 
@@ -174,9 +188,8 @@ def test_hypercorn_from_code(tmp_path):
     need("hypercorn")
     (tmp_path / "app.py").write_text(LOOP_APP)
     (tmp_path / "serve.py").write_text(HYPERCORN_FROM_CODE)
-    port = free_port()
-    bodies = serve_and_ask([sys.executable, "serve.py", str(port)], cwd=str(tmp_path),
-                           port=port)
+    bodies = serve_and_ask(lambda port: [sys.executable, "serve.py", str(port)],
+                           cwd=str(tmp_path))
     assert bodies == [OURS] * 3
 
 
@@ -225,9 +238,9 @@ def test_django_asgi_under_uvicorn(tmp_path):
     for name, text in DJANGO_FILES.items():
         os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
         (tmp_path / name).write_text(text)
-    port = free_port()
     bodies = serve_and_ask(
-        [sys.executable, "-m", "uvicorn", "mysite.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--loop", "socknotify_loop:new_event_loop", "--lifespan", "off"],
-        cwd=str(tmp_path), port=port, path="/loop")
+        lambda port: [sys.executable, "-m", "uvicorn", "mysite.asgi:application",
+                      "--host", "127.0.0.1", "--port", str(port),
+                      "--loop", "socknotify_loop:new_event_loop", "--lifespan", "off"],
+        cwd=str(tmp_path), path="/loop")
     assert bodies == [OURS] * 3
