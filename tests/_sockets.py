@@ -1,8 +1,9 @@
 """Socket setup shared by the test modules: connected pairs and full buffers."""
 from __future__ import annotations
 
+import contextlib
 import socket
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 
 def nonblocking_pair() -> Tuple[socket.socket, socket.socket]:
@@ -28,6 +29,18 @@ def tcp_pair(sndbuf: Optional[int] = None) -> Tuple[socket.socket, socket.socket
             a.close()
             raise
     return a, b
+
+
+@contextlib.contextmanager
+def refusing_address() -> Iterator[Tuple[str, int]]:
+    """A loopback address where a TCP connect is refused, for the whole
+    block: a port kept bound and never listening. Not a port bound and then
+    closed: CI runs three suites side by side on one network stack, and one
+    of them may bind the closed port and listen there, so that the connect
+    succeeds (and then, when that listener closes, ends in a reset)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        yield probe.getsockname()
 
 
 def fill_send_buffer(sock: socket.socket, chunk: int = 65536,

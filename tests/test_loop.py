@@ -18,6 +18,7 @@ import unittest
 import warnings
 
 import pytest
+from _sockets import refusing_address
 from _testbase import AsyncioTestCase, NotifyTestCase, skip_unless_posix
 
 import socknotify_loop
@@ -94,13 +95,9 @@ class _TestTCP:
         self.assertEqual(b"".join(received), b"hello world")
 
     def test_connection_refused(self):
-        # Bound and never listening for the whole test: a port closed first
-        # could be taken by a suite running beside this one.
-        with socket.socket() as probe:
-            probe.bind((LOCALHOST, 0))
-            port = probe.getsockname()[1]
+        with refusing_address() as address:
             with self.assertRaises(ConnectionRefusedError):
-                self.run_loop(asyncio.open_connection(LOCALHOST, port))
+                self.run_loop(asyncio.open_connection(*address))
 
     def test_peer_close_gives_eof(self):
         async def main():

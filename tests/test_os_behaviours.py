@@ -15,6 +15,7 @@ import time
 
 import pytest
 from _platform import open_handles
+from _sockets import refusing_address
 
 import socknotify_loop
 
@@ -150,21 +151,11 @@ def test_peer_reset_reports_error_without_crash(loop):
 
 
 def test_refused_connect(loop):
-    # The port stays bound, never listening, for the whole test: closed
-    # first, it could be taken meanwhile by a listener of a suite running
-    # beside this one (CI runs three), and the connect would succeed.
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    address = probe.getsockname()
-
-    async def connect():
+    async def connect(address):
         await asyncio.open_connection(*address)
 
-    try:
-        with pytest.raises(ConnectionRefusedError):
-            loop.run_until_complete(asyncio.wait_for(connect(), 30))
-    finally:
-        probe.close()
+    with refusing_address() as address, pytest.raises(ConnectionRefusedError):
+        loop.run_until_complete(asyncio.wait_for(connect(address), 30))
 
 
 def test_socket_closed_while_registered_and_handle_reused(loop):

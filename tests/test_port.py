@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from _sockets import nonblocking_pair
+from _sockets import nonblocking_pair, refusing_address
 
 from socknotify_loop import port as port_module
 from socknotify_loop.port import (
@@ -136,16 +136,9 @@ def test_hangup_on_peer_close(port):
 
 
 def test_err_on_refused_connect(port):
-    # The address stays bound, never listening, until the end: closed first,
-    # its port could be taken by a listener of a suite running beside this
-    # one, and the connect would succeed (then end in a reset, an error event
-    # with no SO_ERROR).
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    address = probe.getsockname()
     s = socket.socket()
     s.setblocking(False)
-    with s, probe:
+    with s, refusing_address() as address:
         try:
             s.connect(address)
         except (BlockingIOError, InterruptedError):

@@ -22,6 +22,7 @@ import threading
 import time
 
 import pytest
+from _sockets import refusing_address
 
 from socknotify_loop import port as port_module
 from socknotify_loop.selector import NotifySelector
@@ -347,16 +348,11 @@ def test_half_close_wakes_the_reader_not_the_blocked_writer(selector):
 
 
 def test_failed_connect_is_reported_to_a_writer(selector):
-    # Bound and never listening until the end: a port closed first could be
-    # taken by a listener of a suite running beside this one.
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
     sock = socket.socket()
     sock.setblocking(False)
-    try:
+    with sock, refusing_address() as address:
         try:
-            sock.connect(("127.0.0.1", port))
+            sock.connect(address)
         except (BlockingIOError, InterruptedError):
             pass
         except ConnectionRefusedError:
@@ -364,9 +360,6 @@ def test_failed_connect_is_reported_to_a_writer(selector):
         selector.register(sock, WRITE)
         assert ready_fds(selector.select(2)) == {(sock.fileno(), WRITE)}
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
-    finally:
-        sock.close()
-        probe.close()
 
 
 # -- timeouts --------------------------------------------------------------------------
