@@ -25,7 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 PG_DSN_VAR = "SOCKNOTIFY_TEST_PG_DSN"
 REDIS_URL_VAR = "SOCKNOTIFY_TEST_REDIS_URL"
@@ -56,8 +57,8 @@ def need(module: str, package: str | None = None):
 
 def free_port() -> int:
     """A port nothing is bound to now. Only now: another process (a suite
-    running beside this one) may bind it before the server does, so a
-    server's start tries again on another port when its log says so."""
+    running beside this one) may bind it before a server does; servers
+    start through on_a_free_port(), which then tries another."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -66,12 +67,39 @@ def free_port() -> int:
 #: How many ports a server's start tries before its failure stands.
 PORT_ATTEMPTS = 3
 
+T = TypeVar("T")
 
-def _port_was_taken(log: str) -> bool:
-    """Whether a server's log says its port was in use."""
+
+class PortTaken(RuntimeError):
+    """A server could not bind the port free_port() chose for it: another
+    process bound it in between."""
+
+
+def on_a_free_port(start: Callable[[int], T]) -> T:
+    """``start(port)`` on a free port, and again on another while it raises
+    PortTaken, for PORT_ATTEMPTS ports; after that its PortTaken stands.
+    Any other failure stands at once."""
+    for _ in range(PORT_ATTEMPTS - 1):
+        try:
+            return start(free_port())
+        except PortTaken:
+            pass
+    return start(free_port())
+
+
+def _log_size(log: str) -> int:
     try:
-        with open(log, encoding="utf-8", errors="replace") as f:
-            return "Address already in use" in f.read()
+        return os.path.getsize(log)
+    except OSError:
+        return 0
+
+
+def _port_was_taken(log: str, since: int = 0) -> bool:
+    """Whether a server's log, from byte ``since`` on, says its port was in use."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(since)
+            return b"Address already in use" in f.read()
     except OSError:
         return False
 
@@ -144,22 +172,25 @@ def postgres_server() -> Iterator[str]:
             [os.path.join(bindir, "initdb"), "-D", data, "-U", "postgres", "-A", "trust",
              "-E", "UTF8", "--locale=C", "--no-sync"]),
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
-        for attempt in range(PORT_ATTEMPTS):
-            port = free_port()
+
+        def start(port: int) -> int:
             # fsync off: a test cluster never needs to survive a crash.
             options = (f"-p {port} -c listen_addresses=127.0.0.1 -k {base} "
                        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
                        "-c max_connections=40")
+            logged = _log_size(log)   # pg_ctl appends: this start's lines come after
             try:
                 subprocess.run(_as_server_user(
                     [os.path.join(bindir, "pg_ctl"), "-D", data, "-l", log, "-w", "-t", "60",
                      "-o", options, "start"]),
                     check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=90)
-            except subprocess.CalledProcessError:
-                if attempt + 1 == PORT_ATTEMPTS or not _port_was_taken(log):
-                    raise
-                continue
-            break
+            except subprocess.CalledProcessError as exc:
+                if _port_was_taken(log, logged):
+                    raise PortTaken(f"PostgreSQL: 127.0.0.1:{port} was in use") from exc
+                raise
+            return port
+
+        port = on_a_free_port(start)
         started = True
         _wait_for_port(port, None, "PostgreSQL", log)
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
@@ -183,8 +214,8 @@ def redis_server() -> Iterator[str]:
         raise FileNotFoundError("redis-server not found; apt-get install redis-server")
     base = tempfile.mkdtemp(prefix="socknotify-redis-")
     log = os.path.join(base, "server.log")
-    for attempt in range(PORT_ATTEMPTS):
-        port = free_port()
+
+    def start(port: int) -> tuple[int, subprocess.Popen]:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -192,13 +223,18 @@ def redis_server() -> Iterator[str]:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         try:
             _wait_for_port(port, proc, "redis-server", log, hello=(b"PING\r\n", b"+PONG"))
-        except RuntimeError:
+        except RuntimeError as exc:
             stop_process(proc)
-            if attempt + 1 == PORT_ATTEMPTS or not _port_was_taken(log):
-                shutil.rmtree(base, ignore_errors=True)
-                raise
-            continue
-        break
+            if _port_was_taken(log):
+                raise PortTaken(f"redis-server: 127.0.0.1:{port} was in use") from exc
+            raise
+        return port, proc
+
+    try:
+        port, proc = on_a_free_port(start)
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:

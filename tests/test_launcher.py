@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 import pytest
-from servers import PORT_ATTEMPTS, child_env, free_port, need
+from servers import PortTaken, child_env, need, on_a_free_port
 
 import socknotify_loop
 
@@ -468,8 +468,8 @@ def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
         need_uvloop()
     (tmp_path / "app.py").write_text(APP)
     env = child_env()
-    for attempt in range(PORT_ATTEMPTS):
-        port = free_port()
+
+    def serve_one_request(port: int):
         # --limit-max-requests 1: uvicorn shuts down by itself after the request.
         server = subprocess.Popen(
             [sys.executable, "-m", "socknotify_loop", "-m", "uvicorn", "app:app",
@@ -484,13 +484,16 @@ def test_uvicorn_serves_a_request_on_our_loop(tmp_path, loop_option):
             if server.poll() is None:
                 server.kill()
                 server.communicate()
-        # A port taken meanwhile (by a suite running beside this one): another.
-        if response is not None or "in use" not in stderr or attempt + 1 == PORT_ATTEMPTS:
-            break
+        if response is None and "in use" in stderr:
+            raise PortTaken(f"uvicorn could not bind 127.0.0.1:{port}:\n{stderr}")
+        return response, stderr, server.returncode
+
+    # A port taken meanwhile (by a suite running beside this one): another.
+    response, stderr, returncode = on_a_free_port(serve_one_request)
     assert response is not None, stderr
     assert response.startswith(b"HTTP/1.1 200"), (response, stderr)
     assert response.split(b"\r\n\r\n", 1)[1].decode() == OURS, stderr
-    assert server.returncode == 0, stderr
+    assert returncode == 0, stderr
 
 
 # -- uvloop and winloop --------------------------------------------------------------------

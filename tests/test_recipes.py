@@ -17,7 +17,7 @@ import time
 from typing import Callable, List, Optional
 
 import pytest
-from servers import PORT_ATTEMPTS, child_env, free_port, need, stop_process
+from servers import PortTaken, child_env, need, on_a_free_port, stop_process
 
 import socknotify_loop
 
@@ -74,28 +74,26 @@ def serve_and_ask(cmd: Callable[[int], List[str]], cwd: str, requests: int = 3,
     """Start ``cmd(port)`` (a server on 127.0.0.1:port, a free port), GET
     ``path`` ``requests`` times once it answers, stop it; the bodies. A
     server that could not bind because its port was taken meanwhile (by a
-    suite running beside this one) is started again on another port. The
-    server's output is in the assertion message when it never answers."""
-    for attempt in range(PORT_ATTEMPTS):
-        port = free_port()
+    suite running beside this one) is started again on another port
+    (on_a_free_port). The server's output is in the assertion message when
+    it never answers."""
+    def serve(port: int) -> List[str]:
         server = subprocess.Popen(cmd(port), cwd=cwd, env={**child_env(), **(env or {})},
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            first = _first_answer(server, port, path, last=attempt + 1 == PORT_ATTEMPTS)
-            if first is None:
-                continue
+            first = _first_answer(server, port, path)
             return [first.decode()] + [get_body(port, path).decode()
                                        for _ in range(requests - 1)]
         finally:
             stop_process(server)
             if server.stdout:
                 server.stdout.close()
-    raise AssertionError("not reached: the last attempt answers or fails")
+    return on_a_free_port(serve)
 
 
-def _first_answer(server: subprocess.Popen, port: int, path: str, last: bool) -> Optional[bytes]:
-    """The first body ``server`` serves; None if it ended saying its port was
-    in use and another port may be tried; a test failure otherwise."""
+def _first_answer(server: subprocess.Popen, port: int, path: str) -> bytes:
+    """The first body ``server`` serves; PortTaken if it ended saying its
+    port was in use; a test failure if it ended or timed out otherwise."""
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         try:
@@ -104,8 +102,8 @@ def _first_answer(server: subprocess.Popen, port: int, path: str, last: bool) ->
             if server.poll() is not None or time.monotonic() > deadline:
                 stop_process(server)
                 output = server.stdout.read() if server.stdout else ""
-                if "in use" in output and not last:
-                    return None
+                if "in use" in output:
+                    raise PortTaken(f"{server.args} could not bind its port:\n{output}") from None
                 pytest.fail(f"{server.args} did not serve:\n{output}")
             time.sleep(0.1)
 
