@@ -43,16 +43,21 @@ STREAMER = ("import sys, time\n"
 WINE_SPAWN_FAILED = 1359
 
 
+#: How many times spawn() tries to start a process under Wine.
+SPAWN_ATTEMPTS = 3
+
+
 async def spawn(*args, **kwargs):
-    """asyncio.create_subprocess_exec, tried again (at most twice) when Wine
-    itself fails to start the process; anywhere else the first error stands."""
-    for attempt in range(3):
+    """asyncio.create_subprocess_exec, tried again (SPAWN_ATTEMPTS in all)
+    when Wine itself fails to start the process; the last try's error
+    stands, and anywhere else the first error stands."""
+    for _ in range(SPAWN_ATTEMPTS - 1):
         try:
             return await asyncio.create_subprocess_exec(*args, **kwargs)
         except OSError as exc:
-            if (attempt == 2 or getattr(exc, "winerror", None) != WINE_SPAWN_FAILED
-                    or not running_under_wine()):
+            if getattr(exc, "winerror", None) != WINE_SPAWN_FAILED or not running_under_wine():
                 raise
+    return await asyncio.create_subprocess_exec(*args, **kwargs)
 
 
 @pytest.fixture
