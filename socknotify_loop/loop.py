@@ -226,8 +226,11 @@ class Loop(asyncio.SelectorEventLoop):
         self._check_closed()  # type: ignore[attr-defined]  # asyncio's, not in typeshed
         self._check_running()  # type: ignore[attr-defined]
         selector = self._selector
-        selector.begin_run()
+        # begin_run() inside the try: a signal handler's exception (Ctrl+C)
+        # may land right after it returns, and end_run() gives the token
+        # back only if this thread holds it.
         try:
+            selector.begin_run()
             super().run_forever()
         finally:
             selector.end_run()
@@ -603,7 +606,10 @@ class Loop(asyncio.SelectorEventLoop):
                     end_time = now + (ulp if ulp > resolution else resolution)
                 else:
                     end_time = self.time() + self._clock_resolution
-                due = scheduled[0]._when < end_time
+                # asyncio's test, "not at or after the window's end", not
+                # "before it": a NaN deadline (call_later(nan)) is neither,
+                # and asyncio runs it as soon as it tops the heap.
+                due = not scheduled[0]._when >= end_time
             else:
                 due = False
             if got > 0:

@@ -162,10 +162,13 @@ def _os_error(code: int, what: str = "") -> OSError:
     return OSError(code, message)
 
 
-def fileno_of(sock: Socket) -> int:
+def fileno_of(sock: Socket, bounded: bool = True) -> int:
     """A socket's descriptor, validated the way selectors validate one
     (``ValueError`` for an object without a valid ``fileno()``); the
-    selector validates what it is given with it."""
+    selector validates what it is given with it. ``bounded``: a number
+    wider than a port's 64-bit key is a ValueError too (the Port API's
+    rule); the selector passes False, since the stdlib selectors accept any
+    number here and leave the OS call to refuse what does not fit."""
     if isinstance(sock, int):
         fd = sock
     else:
@@ -175,7 +178,7 @@ def fileno_of(sock: Socket) -> int:
             raise ValueError(f"Invalid file object: {sock!r}") from None
     if fd < 0:
         raise ValueError(f"Invalid file descriptor: {fd}")
-    if fd > _MAX_KEY:
+    if bounded and fd > _MAX_KEY:
         raise ValueError(f"Invalid file descriptor: {fd}")
     return fd
 
@@ -608,8 +611,16 @@ class Port:
         """The exception for a change refused with ``code``: ValueError on
         a closed port, else the OSError CPython raises for the code."""
         if code == _ERROR_CLOSED and self.closed:
-            return ValueError("I/O operation on a closed selector")
+            return self.closed_error()
         return _os_error(code)
+
+    def closed_error(self) -> ValueError:
+        """What a call on this closed port raises: the ValueError and the
+        words of the stdlib's poller of the same kind (EpollSelector's
+        closed epoll object on Linux)."""
+        if self.backend == "epoll":
+            return ValueError("I/O operation on closed epoll object")
+        return ValueError("I/O operation on closed completion port")
 
     def select_error(self, code: int) -> Optional[Exception]:
         """The exception for a select that answered ``-code``: None for a
@@ -619,7 +630,7 @@ class Port:
         if code == _ERROR_INTERRUPTED:
             return None
         if code == _ERROR_CLOSED:
-            return ValueError("I/O operation on a closed selector")
+            return self.closed_error()
         if code == _ERROR_BUSY:
             return RuntimeError("select() is already running in another thread")
         return _os_error(code, "select failed")

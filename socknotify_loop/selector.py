@@ -99,8 +99,8 @@ from .port import (
 
 __all__ = ["WAKEUP_KEY", "IOCompletionHandler", "LoopView", "NotifySelector"]
 
-#: The largest descriptor number port.fileno_of accepts: a port's key is
-#: 64 bits wide.
+#: The largest descriptor number a completion port's registration takes:
+#: its key is 64 bits wide.
 _MAX_DESCRIPTOR = (1 << 64) - 1
 
 EVENT_READ = selectors.EVENT_READ
@@ -303,9 +303,14 @@ class NotifySelector(selectors.BaseSelector):
         # queue until it has settled, which keeps the port in line with
         # Python's record whatever runs between its steps.
         self._lock = threading.RLock()
-        # The select token and the ident of the thread holding it (0: free).
-        self._token = threading.Lock()
-        self._owner = 0
+        # The select token: {"owner": ident} while a thread holds it. Taken
+        # by one dict.setdefault, which is atomic, so that the claim and the
+        # claimant's name are one step: a signal handler raising between
+        # two bytecodes (Ctrl+C) can land after a lock's acquire and before
+        # its owner is written down, and would leave a lock held by nobody
+        # for good. Here a cut leaves the token named after its thread,
+        # which gives it back (see _take_token, _give_token).
+        self._token: dict[str, int] = {}
         self._claimed = False    # a loop runs on this selector
         self._map: _SelectorMapping | None = _SelectorMapping(self)
         #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
@@ -368,7 +373,7 @@ class NotifySelector(selectors.BaseSelector):
             raise RuntimeError("Selector is closed")
         if self._claimed:
             raise RuntimeError("the selector already serves another event loop")
-        if self._token.locked():
+        if self._token.get("owner", _get_ident()) != _get_ident():
             raise RuntimeError("the selector is inside a select() in another thread")
         self._claimed = True
 
@@ -381,19 +386,31 @@ class NotifySelector(selectors.BaseSelector):
         ``run_forever`` calls it after asyncio's own checks): from now until
         :meth:`end_run` this thread alone selects, and it may call
         :meth:`select` too. RuntimeError if another thread selects."""
-        if not self._token.acquire(False):
+        if not self._take_token(_get_ident()):
             raise RuntimeError("select() is already running in another thread")
-        self._owner = _get_ident()
 
     def end_run(self) -> None:
-        """Give back the token :meth:`begin_run` took."""
-        self._owner = 0
-        self._token.release()
+        """Give back the token :meth:`begin_run` took, if this thread holds
+        it: the loop calls it in a ``finally`` that also covers a
+        begin_run() refused or cut short by a signal handler's exception."""
+        self._give_token(_get_ident())
+
+    def _take_token(self, me: int) -> bool:
+        """Take the token for thread ``me``, or find it already ``me``'s;
+        False if another thread holds it."""
+        return self._token.setdefault("owner", me) == me
+
+    def _give_token(self, me: int) -> None:
+        """Give the token back if thread ``me`` holds it (no other thread
+        can take it meanwhile, so the look and the removal need no lock)."""
+        if self._token.get("owner") == me:
+            del self._token["owner"]
 
     def _no_select_elsewhere(self) -> bool:
         """No other thread is inside a select: the token is free, or this
         thread holds it (and is not selecting, since it is here)."""
-        return not self._token.locked() or self._owner == _get_ident()
+        me = _get_ident()
+        return self._token.get("owner", me) == me
 
     # -- introspection ---------------------------------------------------------
 
@@ -411,12 +428,14 @@ class NotifySelector(selectors.BaseSelector):
         """``fileobj``'s descriptor; for a closed file object (``fileno()``
         fails or is -1), the descriptor it was registered with, so it can
         still be unregistered."""
-        if type(fileobj) is int and 0 <= fileobj <= _MAX_DESCRIPTOR:
+        if type(fileobj) is int and fileobj >= 0:
             # What fileno_of answers for a valid descriptor number (the
             # loop's own calls pass numbers), without its call.
             return fileobj
         try:
-            return fileno_of(fileobj)   # validated as selectors do
+            # Validated as selectors do: any number that is not negative
+            # (one too wide for the port is refused by register()).
+            return fileno_of(fileobj, bounded=False)
         except ValueError:
             # A copy: other threads may be changing the dict.
             for record in list(self._records.values()):
@@ -520,12 +539,13 @@ class NotifySelector(selectors.BaseSelector):
                 raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
             if self._map is None:
                 # What EpollSelector raises: its epoll object is closed.
-                raise ValueError("I/O operation on a closed selector")
+                raise self._port.closed_error()
             at_once = self._at_once
-            if at_once:
-                if fd > _MAX_EPOLL_FD:
-                    raise OverflowError(f"file descriptor {fd} does not fit a C int")
-            else:
+            if fd > (_MAX_EPOLL_FD if at_once else _MAX_DESCRIPTOR):
+                # CPython's words for a number its poller cannot take
+                # (epoll's and select()'s descriptors are C ints).
+                raise OverflowError("Python int too large to convert to C int")
+            if not at_once:
                 code = self._port.probe(fd)
                 if code:
                     raise self._port.change_error(code)
@@ -604,14 +624,19 @@ class NotifySelector(selectors.BaseSelector):
                     pending[-1] = change
                 else:
                     self._settle(recheck, change)
-        if len(records) > self._room and self._token.acquire(False):
+        if len(records) > self._room and not self._token:
             # Room for every registration to be ready at once. Not while
             # a select or a loop's run holds the token: the loop grows the
             # buffer when an answer fills it.
+            me = _get_ident()
+            held = True   # until known otherwise: never give back what was not taken
             try:
-                self._grow()
+                held = "owner" in self._token
+                if not held and self._take_token(me):
+                    self._grow()
             finally:
-                self._token.release()
+                if not held:
+                    self._give_token(me)
         return key
 
     def unregister(self, fileobj: Any) -> SelectorKey:
@@ -885,17 +910,14 @@ class NotifySelector(selectors.BaseSelector):
         wait = wait_ms(timeout)
         deadline = _monotonic() + timeout if wait > 0 else None  # type: ignore[operator]
         me = _get_ident()
-        if self._owner == me:
-            # This thread runs the loop that holds the token (debug mode's
-            # iteration selects through here).
-            taken = False
-        elif self._token.acquire(False):
-            taken = True
-        else:
-            raise RuntimeError("select() is already running in another thread")
+        # Held already: this thread runs the loop that holds the token
+        # (debug mode's iteration selects through here). Until that is
+        # known, assumed, so that a cut before it gives nothing back.
+        held = True
         try:
-            if taken:
-                self._owner = me
+            held = self._token.get("owner") == me
+            if not held and not self._take_token(me):
+                raise RuntimeError("select() is already running in another thread")
             got = self._wait(wait)
             if got < 0:
                 got = self._wait_again(wait, deadline)
@@ -905,9 +927,8 @@ class NotifySelector(selectors.BaseSelector):
             if got >= self._room:
                 self._grow()
         finally:
-            if taken:
-                self._owner = 0
-                self._token.release()
+            if not held:
+                self._give_token(me)
         keys = self._keys
         # Masked with the key read now, as EpollSelector does: the port
         # limited the mask to the registration's events at the wait, and a

@@ -529,6 +529,110 @@ class _TestTimers:
         self.assertEqual(ahead.run_until_complete(asyncio.wait_for(fired, 10)), "due")
 
 
+    # Deadlines that are not ordinary numbers: call_later(nan) gives a
+    # timer whose every comparison is false, which asyncio's iteration
+    # runs as soon as it reaches the heap's top (its test is "stop at the
+    # first timer not earlier than now", and a NaN is not); -inf is due at
+    # once, inf and a huge delay never. Regular timers around them, before
+    # and after in the heap, keep their time.
+    SPECIAL = {"nan": float("nan"), "-inf": float("-inf"), "inf": float("inf"),
+               "huge": 1e300, "-huge": -1e300}
+
+    def _fire_order(self, loop: asyncio.AbstractEventLoop, delays: List[Any]) -> List[int]:
+        """One timer per delay (call_later), in that order; the loop runs
+        until the last regular one (a few milliseconds) has fired, and
+        never spins: past 200 iterations it stops with an error."""
+        fired: List[int] = []
+        for i, delay in enumerate(delays):
+            loop.call_later(self.SPECIAL.get(delay, delay), fired.append, i)
+        count = [0]
+        run_once = loop._run_once
+
+        def counted():
+            count[0] += 1
+            if count[0] > 200:
+                raise AssertionError(f"a spin: {count[0]} iterations, {fired} fired")
+            run_once()
+
+        loop._run_once = counted
+        try:
+            loop.run_until_complete(asyncio.sleep(0.02))
+        finally:
+            del loop._run_once
+        return fired
+
+    def test_nan_and_infinite_deadlines_in_every_position(self):
+        """Each odd deadline, alone and two at once, first, between and
+        after three regular timers in the heap: the timers fire in stock
+        asyncio's order, the regular ones all, on time, and no iteration
+        spins."""
+        regular = [0.001, 0.002, 0.004]
+        cases = []
+        for name in self.SPECIAL:
+            for at in range(len(regular) + 1):
+                cases.append(regular[:at] + [name] + regular[at:])
+        cases.append(["nan", 0.001, "-inf", 0.002])
+        cases.append(["inf", "nan", 0.001, "nan"])
+        cases.append(["nan", "nan"])
+        cases.append(["-inf", "nan", "huge"])
+        for delays in cases:
+            with self.subTest(delays=delays):
+                reference = asyncio.SelectorEventLoop()
+                try:
+                    expected = self._fire_order(reference, delays)
+                finally:
+                    reference.close()
+                loop = self.new_loop()
+                try:
+                    got = self._fire_order(loop, delays)
+                finally:
+                    loop.close()
+                self.assertEqual(got, expected)
+                for i, delay in enumerate(delays):
+                    if delay in ("-inf", "-huge") or not isinstance(delay, str):
+                        self.assertIn(i, got)
+                    elif delay in ("inf", "huge"):
+                        self.assertNotIn(i, got)
+                # A NaN runs once at the heap's top; below an inf it stays
+                # (stock asyncio's heap order, followed above).
+                if delays[0] == "nan":
+                    self.assertIn(0, got)
+
+    def test_sleep_and_wait_for_with_a_nan_or_infinite_time(self):
+        """With no other timer pending (a NaN timer runs when it reaches
+        the heap's top, as on stock asyncio): asyncio.sleep(nan) and
+        sleep(-inf) return at once, wait_for with a NaN or -inf timeout
+        times out at once, with inf it waits for the result; the loop keeps
+        time for the timers after them, and never spins."""
+        loop = self.loop
+
+        async def main():
+            start = loop.time()
+            await asyncio.sleep(float("nan"))
+            await asyncio.sleep(float("-inf"))
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(loop.create_future(), timeout=float("nan"))
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(loop.create_future(), timeout=float("-inf"))
+            self.assertEqual(await asyncio.wait_for(asyncio.sleep(0.001, "done"),
+                                                    timeout=float("inf")), "done")
+            await asyncio.sleep(0.01)
+            return loop.time() - start
+
+        count = [0]
+        run_once = loop._run_once
+
+        def counted():
+            count[0] += 1
+            if count[0] > 200:
+                raise AssertionError(f"a spin: {count[0]} iterations")
+            run_once()
+
+        loop._run_once = counted
+        self.addCleanup(vars(loop).pop, "_run_once")
+        self.assertGreaterEqual(loop.run_until_complete(main()), 0.01)
+
+
 class TestNotifyTimers(_TestTimers, NotifyTestCase):
     pass
 
@@ -1263,6 +1367,86 @@ def test_the_loop_holds_its_selectors_select_token_while_it_runs():
         # Debug mode runs asyncio's own iteration, which calls select().
         loop.set_debug(True)
         assert loop.run_until_complete(asyncio.sleep(0.01, "done")) == "done"
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("fd", [2**31, 2**63, 2**64, 2**100, -1])
+def test_descriptor_numbers_too_wide_answered_as_asyncio_answers(fd):
+    """add_reader/add_writer of a number the OS cannot take raise what
+    asyncio raises (OverflowError, in CPython's words), remove_reader and
+    remove_writer of one answer False, and a negative one is a ValueError
+    everywhere; nothing is left registered."""
+    def outcome(call):
+        try:
+            return ("returned", call())
+        except Exception as exc:
+            return (type(exc).__name__, str(exc))
+
+    ours, stock = socknotify_loop.new_event_loop(), asyncio.SelectorEventLoop()
+    try:
+        for name, args in (("add_reader", (fd, print)), ("add_writer", (fd, print)),
+                           ("remove_reader", (fd,)), ("remove_writer", (fd,))):
+            assert (outcome(lambda: getattr(ours, name)(*args))
+                    == outcome(lambda: getattr(stock, name)(*args))), name
+        assert len(ours._selector.get_map()) == len(stock._selector.get_map())
+    finally:
+        ours.close()
+        stock.close()
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_an_interrupt_at_any_line_of_a_run_leaves_the_token_free(debug):
+    """A signal handler's exception (Ctrl+C) may land between any two
+    bytecodes of the loop's and the selector's code: right after the
+    select token was taken and before its holder was written down, or
+    before the ``try`` that gives it back. Raised at each line in turn, it
+    must leave the loop runnable, here and from another thread, and the
+    selector's select() usable (debug mode's iteration selects through
+    it)."""
+    loop = socknotify_loop.new_event_loop()
+    loop.set_debug(debug)
+    watched = {socknotify_loop.loop.__file__, socknotify_loop.selector.__file__}
+    try:
+        line = 0
+        while True:
+            line += 1
+            countdown = [line]
+
+            def trace(frame, event, arg):
+                if frame.f_code.co_filename not in watched:
+                    return None
+                if event == "line":
+                    countdown[0] -= 1
+                    if countdown[0] == 0:
+                        raise KeyboardInterrupt
+                return trace
+
+            # run_forever and a stop(), not run_until_complete, whose
+            # future's done callback, once queued, would stop a later run
+            # whatever the loop: one more run_forever takes what a cut
+            # left queued (a stop() among it).
+            sys.settrace(trace)
+            try:
+                loop.call_soon(loop.stop)
+                loop.run_forever()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            loop.call_soon(loop.stop)
+            loop.run_forever()
+            assert loop.run_until_complete(asyncio.sleep(0, "again")) == "again", line
+            results = []
+            thread = threading.Thread(target=lambda: results.append(
+                loop.run_until_complete(asyncio.sleep(0, "there"))))
+            thread.start()
+            thread.join(10)
+            assert results == ["there"], line
+            assert loop._selector.select(0) == [], line
+            if countdown[0] > 0:
+                break
+        assert line > 10
     finally:
         loop.close()
 

@@ -839,3 +839,77 @@ def test_a_descriptor_number_is_checked_as_fileno_of_checks_it():
             selector.get_key((1 << 64) - 1)   # valid, not registered
     finally:
         selector.close()
+
+
+# -- descriptor numbers the OS cannot take, and a closed selector -----------------------
+#
+# What selectors.EpollSelector (and select(), whose descriptors are C ints
+# too) answers, word for word: a number that is not negative is a valid key
+# whatever its size, its registration is refused by the OS call with
+# CPython's OverflowError, and a number never registered is a KeyError; a
+# closed selector's register() and select() raise EpollSelector's
+# ValueError. The completion-port backends take 64-bit socket handles.
+
+_TOO_WIDE = "Python int too large to convert to C int"
+
+
+def _outcome(call):
+    try:
+        return ("returned", call())
+    except Exception as exc:   # the type and the words are what is compared
+        return (type(exc).__name__, str(exc))
+
+
+@pytest.mark.parametrize("fd", [2**31, 2**32, 2**63, 2**64, 2**64 + 1, 2**100])
+def test_a_descriptor_too_wide_is_refused_as_epoll_refuses_it(backend, fd):
+    selector = NotifySelector(backend)
+    try:
+        widest = 2**31 - 1 if backend == "epoll" else 2**64 - 1
+        with pytest.raises(OverflowError if fd > widest else OSError) as refused:
+            selector.register(fd, selectors.EVENT_READ)
+        if fd > widest:
+            assert str(refused.value) == _TOO_WIDE
+        for method in (lambda: selector.modify(fd, selectors.EVENT_READ),
+                       lambda: selector.unregister(fd), lambda: selector.get_key(fd)):
+            assert _outcome(method) == ("KeyError", repr(f"{fd} is not registered"))
+        assert selector.get_map().get(fd) is None
+        assert len(selector.get_map()) == 0
+    finally:
+        selector.close()
+
+
+@pytest.mark.skipif(not hasattr(selectors, "EpollSelector"), reason="Linux only: EpollSelector")
+@pytest.mark.parametrize("fd", [2**31 - 1, 2**31, 2**63, 2**64, 2**100, -1, -2**70])
+def test_descriptor_numbers_answered_as_epoll_selector_answers(fd):
+    ours, stock = NotifySelector("epoll"), selectors.EpollSelector()
+    try:
+        for name, args in (("register", (fd, 1)), ("modify", (fd, 1)),
+                           ("unregister", (fd,)), ("get_key", (fd,))):
+            assert (_outcome(lambda: getattr(ours, name)(*args))
+                    == _outcome(lambda: getattr(stock, name)(*args))), name
+    finally:
+        ours.close()
+        stock.close()
+
+
+def test_a_closed_selector_answers_as_epoll_selector(backend):
+    selector = NotifySelector(backend)
+    a, b = socket.socketpair()
+    try:
+        selector.close()
+        words = ("I/O operation on closed epoll object" if backend == "epoll"
+                 else "I/O operation on closed completion port")
+        assert _outcome(lambda: selector.register(a, 1)) == ("ValueError", words)
+        assert _outcome(lambda: selector.select(0)) == ("ValueError", words)
+        assert _outcome(lambda: selector.modify(a, 1))[0] == "KeyError"
+        assert _outcome(lambda: selector.unregister(a))[0] == "KeyError"
+        assert _outcome(lambda: selector.get_key(a)) == ("RuntimeError", "Selector is closed")
+        assert selector.get_map() is None
+        if hasattr(selectors, "EpollSelector") and backend == "epoll":
+            stock = selectors.EpollSelector()
+            stock.close()
+            assert _outcome(lambda: stock.register(a, 1)) == ("ValueError", words)
+            assert _outcome(lambda: stock.select(0)) == ("ValueError", words)
+    finally:
+        a.close()
+        b.close()

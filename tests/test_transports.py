@@ -1087,30 +1087,54 @@ class _TestTransports:
 
     async def _finish_touched(self, protos: List[Any], touched: set) -> None:
         """Close what an Interrupt cut short (its transport's state is
-        whatever the cut left, the same on every loop), down to the socket."""
-        for proto in protos:
-            if proto.key in touched and not proto.lost_with:
+        whatever the cut left, the same on every loop), down to the socket.
+
+        A cut can fall between any two lines of a close: after ``_closing``
+        is set but before the reader is removed (a later abort() then
+        leaves the descriptor registered, and the socket closed under it),
+        or after ``_conn_lost`` is counted but before
+        ``_call_connection_lost`` is scheduled (no later call closes the
+        socket), or inside that call's ``finally``, between the socket's
+        close and ``_sock = None`` (the finalizer then warns of an unclosed
+        transport). ``test_a_cut_anywhere_in_a_close_is_cleaned_up`` cuts
+        at every line in turn."""
+        cut = [p for p in protos if p.key in touched]
+        for proto in cut:
+            # Out of the selector while the descriptor is still this
+            # socket's: the transport's own close may not get there.
+            sock = getattr(proto.transport, "_sock", None)
+            if sock is not None and sock.fileno() != -1:
+                self.loop._remove_reader(sock.fileno())
+                self.loop._remove_writer(sock.fileno())
+        for proto in cut:
+            if not proto.lost_with:
                 proto.transport.abort()
-        await asyncio.sleep(0.01)
-        for proto in protos:
-            if proto.key in touched:
-                transport = proto.transport
-                sock = getattr(transport, "_sock", None)
-                if sock is not None and sock.fileno() != -1:
-                    self.loop._remove_reader(sock.fileno())
-                    self.loop._remove_writer(sock.fileno())
-                    sock.close()
-                # A cut before the server heard the connection end (inside
-                # _call_connection_lost's cleanup, or before it was
-                # scheduled) leaves the server counting it: wait_closed()
-                # would wait for it for ever (Python 3.12 and later).
-                server = getattr(transport, "_server", None)
-                if server is not None:
-                    transport._server = None
-                    if _ATTACH_TAKES_TRANSPORT:
-                        server._detach(transport)
-                    else:
-                        server._detach()
+        for _ in range(3):   # abort's _call_connection_lost runs in the next iteration
+            await asyncio.sleep(0)
+        for proto in cut:
+            transport = proto.transport
+            sock = getattr(transport, "_sock", None)
+            if sock is not None:
+                # Closed here, or by a _call_connection_lost the cut left
+                # half way: either way the transport has nothing open.
+                sock.close()
+                transport._sock = None
+            # A cut before the server heard the connection end (inside
+            # _call_connection_lost's cleanup, or before it was
+            # scheduled) leaves the server counting it: wait_closed()
+            # would wait for it for ever (Python 3.12 and later). A cut
+            # between its _detach() and ``_server = None`` has already
+            # been counted out: from 3.13 _detach(transport) forgets a
+            # transport once, before it counts, and by now the uncut
+            # connections have all ended, so whatever the server still
+            # counts is the cut ones' and is counted down to nothing at most.
+            server = getattr(transport, "_server", None)
+            if server is not None:
+                transport._server = None
+                if _ATTACH_TAKES_TRANSPORT:
+                    server._detach(transport)
+                elif server._active_count > 0:
+                    server._detach()
 
     @no_sigalrm
     @pytest.mark.timeout(300, method="thread")   # SIGALRM is the test's own
@@ -1130,6 +1154,149 @@ class _TestTransports:
         self.expect_loop_exceptions = True   # an Interrupt may cut a callback's caller
         for seed in range(3):
             self._signal_storm("raise", seed)
+
+    def test_a_cut_anywhere_in_a_close_is_cleaned_up(self):
+        """The signal storm's cleanup, made deterministic: an Interrupt is
+        raised at each line run in the transports' code in turn (and, for
+        this loop, its loop's and selector's: the first line, then the
+        second, ...) while both ends of an echo connection close, as the
+        storm's handler raises it between two bytecodes, and the same
+        cleanup (``_touched_by`` on the cut frame, then ``_finish_touched``)
+        must leave no unclosed transport, no open socket and no
+        registration, wherever the cut fell, and the loop serving the next
+        connection. A cut between ``_conn_lost += 1`` and the scheduling of
+        ``_call_connection_lost`` (or inside its ``finally``) leaves a
+        transport that no later call closes: the storm met one now and
+        then."""
+        self.expect_loop_exceptions = True
+        loop = self.loop
+        made: List[Any] = []
+
+        def on_made(proto: Any, transport: Any) -> None:
+            made.append(proto)
+
+        server = loop.run_until_complete(loop.create_server(
+            lambda: EchoServer(on_made), LOCALHOST, 0))
+        address = server.sockets[0].getsockname()
+        fds = _open_fds()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ResourceWarning)
+                for how in ("close", "abort", "eof"):
+                    line = 0
+                    while True:
+                        line += 1
+                        try:
+                            uncut = self._cut_once(how, line, address, made, on_made)
+                        except Exception as exc:
+                            raise AssertionError(f"{how}, cut at line {line} run") from exc
+                        if fds is not None:
+                            self.assertEqual(_open_fds(), fds, (how, line))
+                        if uncut:
+                            break   # the whole close ran without reaching that line
+                    self.assertGreater(line, 5, how)
+                gc.collect()
+            self.assertEqual([str(w.message) for w in caught
+                              if issubclass(w.category, ResourceWarning)], [])
+        finally:
+            server.close()
+            loop.run_until_complete(server.wait_closed())
+
+    def _cut_once(self, how: str, line: int, address: Any, made: List[Any],
+                  on_made: Any) -> bool:
+        """One echo connection to ``address`` closed as ``how`` says, an
+        Interrupt raised at the ``line``-th line run in the watched modules,
+        the storm's cleanup, and the storm's checks. True when the close
+        ended before that line."""
+        loop = self.loop
+        del made[:]
+        countdown = [line]
+        cut_at: List[Any] = []
+        where: List[str] = []   # the cut's place, for the failure messages
+
+        def run_until(predicate: Any) -> None:
+            # run_forever, stopped by a callback polling the predicate, not
+            # run_until_complete: an Interrupt after a future's done
+            # callback was scheduled would leave its stop() behind, to end
+            # the next run at once.
+            # A flag, not the handle's cancel(): a cut inside call_soon may
+            # have queued a handle that call_soon never returned.
+            deadline = loop.time() + 10
+            active = [True]
+
+            def poll() -> None:
+                if not active[0]:
+                    return
+                if predicate() or loop.time() > deadline:
+                    loop.stop()
+                else:
+                    loop.call_soon(poll)
+
+            try:
+                loop.call_soon(poll)   # in the try: a cut may fall inside it
+                loop.run_forever()
+            finally:
+                active[0] = False
+            self.assertTrue(predicate(), (how, where, [p.events for p in made]))
+
+        loop.run_until_complete(loop.create_connection(
+            lambda: EchoClient(b"x" * 100, on_made), *address))
+        run_until(lambda: len(made) == 2)
+        client = next(p for p in made if isinstance(p, EchoClient))
+        # The transports' module (for stock asyncio that is also its
+        # loop's selector code), and for this loop its loop and
+        # selector too: the storm's signal lands in any of them.
+        watched = {sys.modules[type(client.transport).__module__].__file__,
+                   sys.modules[type(loop).__module__].__file__,
+                   sys.modules[type(loop._selector).__module__].__file__}
+
+        def trace(frame: Any, event: str, arg: Any) -> Any:
+            if frame.f_code.co_filename not in watched:
+                return None
+            if event == "line":
+                countdown[0] -= 1
+                if countdown[0] == 0:
+                    cut_at.append(frame)
+                    where.append(f"{os.path.basename(frame.f_code.co_filename)}:"
+                                 f"{frame.f_lineno} ({frame.f_code.co_name})")
+                    raise Interrupt()
+            return trace
+
+        sys.settrace(trace)
+        try:
+            if how == "close":
+                client.transport.close()
+            elif how == "abort":
+                client.transport.abort()
+            else:
+                client.start()   # its payload, then write_eof: both ends close
+            run_until(lambda: all(p.lost_with for p in made))
+        except Interrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        cut = set()
+        if cut_at:
+            protocols = {id(p.transport): p for p in made}
+            for obj in _touched_by(cut_at.pop()):
+                proto = protocols.get(id(obj), obj)
+                if isinstance(proto, _Echoing):
+                    cut.add(proto.key)
+            loop.run_until_complete(self._finish_touched(made, cut))
+        for proto in made:
+            if proto.key not in cut and not proto.lost_with:
+                proto.transport.close()
+        # Every end not cut ends once, cut or not.
+        run_until(lambda: all(p.lost_with for p in made if p.key not in cut))
+        for proto in made:
+            if proto.key not in cut:
+                self.assertEqual(len(proto.lost_with), 1, (how, where, proto.events))
+            # What the transport's finalizer would warn of: a socket
+            # still held (the test's last check, after one collection
+            # for all the cuts, is the warnings themselves).
+            self.assertIsNone(getattr(proto.transport, "_sock", None), (how, where))
+        del made[:], client
+        return countdown[0] > 0
 
     # -- injected socket failures ----------------------------------------------------
     #
