@@ -538,11 +538,11 @@ class _TestTimers:
     SPECIAL = {"nan": float("nan"), "-inf": float("-inf"), "inf": float("inf"),
                "huge": 1e300, "-huge": -1e300}
 
-    def _fire_order(self, loop: asyncio.AbstractEventLoop, delays: List[Any]) -> List[int]:
+    def _fire_order(self, loop: asyncio.AbstractEventLoop, delays: list) -> list:
         """One timer per delay (call_later), in that order; the loop runs
         until the last regular one (a few milliseconds) has fired, and
         never spins: past 200 iterations it stops with an error."""
-        fired: List[int] = []
+        fired: list = []
         for i, delay in enumerate(delays):
             loop.call_later(self.SPECIAL.get(delay, delay), fired.append, i)
         count = [0]
@@ -1377,9 +1377,9 @@ def test_descriptor_numbers_too_wide_answered_as_asyncio_answers(fd):
     asyncio raises (OverflowError, in CPython's words), remove_reader and
     remove_writer of one answer False, and a negative one is a ValueError
     everywhere; nothing is left registered."""
-    def outcome(call):
+    def outcome(call, *args):
         try:
-            return ("returned", call())
+            return ("returned", call(*args))
         except Exception as exc:
             return (type(exc).__name__, str(exc))
 
@@ -1387,8 +1387,8 @@ def test_descriptor_numbers_too_wide_answered_as_asyncio_answers(fd):
     try:
         for name, args in (("add_reader", (fd, print)), ("add_writer", (fd, print)),
                            ("remove_reader", (fd,)), ("remove_writer", (fd,))):
-            assert (outcome(lambda: getattr(ours, name)(*args))
-                    == outcome(lambda: getattr(stock, name)(*args))), name
+            assert (outcome(getattr(ours, name), *args)
+                    == outcome(getattr(stock, name), *args)), name
         assert len(ours._selector.get_map()) == len(stock._selector.get_map())
     finally:
         ours.close()
@@ -1413,7 +1413,7 @@ def test_an_interrupt_at_any_line_of_a_run_leaves_the_token_free(debug):
             line += 1
             countdown = [line]
 
-            def trace(frame, event, arg):
+            def trace(frame, event, arg, countdown=countdown):
                 if frame.f_code.co_filename not in watched:
                     return None
                 if event == "line":
@@ -1437,8 +1437,8 @@ def test_an_interrupt_at_any_line_of_a_run_leaves_the_token_free(debug):
             loop.call_soon(loop.stop)
             loop.run_forever()
             assert loop.run_until_complete(asyncio.sleep(0, "again")) == "again", line
-            results = []
-            thread = threading.Thread(target=lambda: results.append(
+            results: list = []
+            thread = threading.Thread(target=lambda results=results: results.append(
                 loop.run_until_complete(asyncio.sleep(0, "there"))))
             thread.start()
             thread.join(10)

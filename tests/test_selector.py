@@ -853,9 +853,9 @@ def test_a_descriptor_number_is_checked_as_fileno_of_checks_it():
 _TOO_WIDE = "Python int too large to convert to C int"
 
 
-def _outcome(call):
+def _outcome(call, *args):
     try:
-        return ("returned", call())
+        return ("returned", call(*args))
     except Exception as exc:   # the type and the words are what is compared
         return (type(exc).__name__, str(exc))
 
@@ -885,8 +885,8 @@ def test_descriptor_numbers_answered_as_epoll_selector_answers(fd):
     try:
         for name, args in (("register", (fd, 1)), ("modify", (fd, 1)),
                            ("unregister", (fd,)), ("get_key", (fd,))):
-            assert (_outcome(lambda: getattr(ours, name)(*args))
-                    == _outcome(lambda: getattr(stock, name)(*args))), name
+            assert (_outcome(getattr(ours, name), *args)
+                    == _outcome(getattr(stock, name), *args)), name
     finally:
         ours.close()
         stock.close()
