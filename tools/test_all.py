@@ -8,8 +8,9 @@ What it does, in order:
    resolve python3.X).
 2. Installs the Debian packages the selected environments need, all in one
    ``apt-get update`` and one ``apt-get install`` (as root): PostgreSQL and
-   Redis for the integration tests, PyPy and its headers, Wine and
-   mingw-w64, mmdebstrap for the CPython 3.14/3.15 chroot. Environments
+   Redis for the integration tests, PyPy and its headers, Wine,
+   mingw-w64 and osslsigncode (the Windows CPython's signature check),
+   mmdebstrap for the CPython 3.14/3.15 chroot. Environments
    that would otherwise each run apt themselves find everything there.
 3. Runs tox's environments side by side (``tox -p``), the longest first:
    the two Wine suites, then the chroot's CPython 3.14 (which makes the
@@ -64,7 +65,7 @@ OPT_IN = ["py314t"]
 APT_NEEDS = {
     "postgresql": "tests", "redis-server": "tests",
     "pypy3": "pypy3", "pypy3-dev": "pypy3",
-    "wine64": "wine", "gcc-mingw-w64-x86-64": "wine",
+    "wine64": "wine", "gcc-mingw-w64-x86-64": "wine", "osslsigncode": "wine",
     "mmdebstrap": "chroot",
 }
 

@@ -8,6 +8,7 @@ From the repository root:
     python -m tools.wine test   --py 3.11 [-- pytest args]  # install wheel + deps, run pytest
     python -m tools.wine all    --py 3.11 [-- pytest args]  # the three in order
     python -m tools.wine bench  --py 3.11 [-- run.py args]  # benchmarks/run.py natively in it
+    python -m tools.wine lock   # write tools/wine/requirements.txt (what the Pythons get)
 
 ``--backend NAME`` (test, all) runs pytest with SOCKNOTIFY_BACKEND=NAME, so
 the selector, loop and every suite that takes the default backend run on
@@ -24,7 +25,8 @@ with its name and line. The wheel in dist/ is then that build.
 
 Checked on Debian 12 with Wine 8.0. Windows Python under Wine needs stdin
 from /dev/null and stdout/stderr on pipes (runtime.py); where the Windows
-Python comes from and what it lacks: python.py.
+Python comes from, how it is checked before it runs and what it lacks:
+python.py and signing.py; the packages installed into it: lock.py.
 """
 from __future__ import annotations
 
@@ -35,12 +37,13 @@ import sys
 from .apt import ensure_apt_packages
 from .bench import run_bench
 from .compile import CHECK_TRANSITIONS, TESTING
+from .lock import write_lock
 from .python import WINDOWS_PYTHONS, ensure_windows_python
 from .run import run_tests
 from .runtime import wine_python
 from .wheel import build_wheel, fresh_wheel, is_test_wheel, wheel_path
 
-COMMANDS = ["setup", "wheel", "test", "all", "bench"]
+COMMANDS = ["setup", "wheel", "test", "all", "bench", "lock"]
 
 
 def setup(version: str) -> None:
@@ -76,6 +79,9 @@ def main(argv=None) -> int:
         os.environ[TESTING] = "1"
     if options.command == "setup":
         setup(version)
+        return 0
+    if options.command == "lock":
+        write_lock()
         return 0
     if options.command == "wheel":
         build_wheel(version)

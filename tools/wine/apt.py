@@ -1,4 +1,5 @@
-"""The Debian packages the Windows build and its runs need: Wine and mingw-w64."""
+"""The Debian packages the Windows build and its runs need: Wine, mingw-w64,
+and osslsigncode (the Windows CPython's signature check, signing.py)."""
 from __future__ import annotations
 
 import os
@@ -7,20 +8,24 @@ import subprocess
 
 from .config import run
 
-APT_PACKAGES = ["wine64", "gcc-mingw-w64-x86-64"]
+APT_PACKAGES = ["wine64", "gcc-mingw-w64-x86-64", "osslsigncode"]
 #: the cross compiler gcc-mingw-w64-x86-64 installs
 MINGW_CC = "x86_64-w64-mingw32-gcc"
 
 
-def ensure_apt_packages() -> None:
-    """Install Wine and mingw-w64 with apt-get when either is missing.
+def missing_programs() -> list:
+    """The programs of APT_PACKAGES this machine lacks."""
+    missing = [] if shutil.which("wine") or shutil.which("wine64") else ["wine"]
+    return missing + [name for name in (MINGW_CC, "osslsigncode") if not shutil.which(name)]
 
-    Only root can; anyone else gets the command to run instead.
-    """
-    if (shutil.which("wine") or shutil.which("wine64")) and shutil.which(MINGW_CC):
+
+def ensure_apt_packages() -> None:
+    """Install Wine, mingw-w64 and osslsigncode with apt-get when one is
+    missing. Only root can; anyone else gets the command to run instead."""
+    if not missing_programs():
         return
     if os.geteuid() != 0:
-        raise SystemExit("wine64 and mingw-w64 are missing; install them as root: "
+        raise SystemExit(f"{', '.join(missing_programs())} missing; install them as root: "
                          f"apt-get install -y {' '.join(APT_PACKAGES)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     run(["apt-get", "update", "-qq"], env=env)

@@ -7,6 +7,7 @@ import os
 import time
 
 from .config import CACHE, ROOT, log
+from .lock import BENCH_NEEDS, install_locked
 from .python import install_sitecustomize, pip_for_windows
 from .runtime import stop_wineserver, windows_path, wine_python
 
@@ -55,8 +56,8 @@ def run_bench(version: str, wheel: str, run_args) -> int:
     C compiler on the Windows side for an in-place build). Returns 1 if the
     run failed or its results lack a figure the mode must produce."""
     # run.py needs pyperf in the Python that runs it: here the Windows one.
-    from benchmarks import requirement
-    pip_for_windows(version, ["cffi", requirement("pyperf")])
+    # LOCK pins it (benchmarks/requirements.txt's version) beside the tests'.
+    install_locked(version, BENCH_NEEDS)
     pip_for_windows(version, ["--no-deps", "--force-reinstall", wheel])
     install_sitecustomize(version)
     rundir = os.path.join(CACHE, "run")

@@ -16,6 +16,11 @@ DIST = os.path.join(ROOT, "dist")
 PACKAGE = os.path.join(ROOT, "socknotify_loop")
 
 
+class Refused(SystemExit):
+    """A download or a file that failed its check: the run stops here, with
+    the message saying which file, and what was expected and found."""
+
+
 def log(message: str) -> None:
     """One progress line on stdout, marked as ours."""
     print(f"[wine] {message}", flush=True)

@@ -9,12 +9,11 @@ import subprocess
 import time
 
 from .config import CACHE, ROOT, load_file, log
+from .lock import install_locked
 from .python import install_sitecustomize, pip_for_windows
 from .runtime import SERVER_DIED, stop_wineserver, windows_path, wine_python
 
 TESTS = os.path.join(ROOT, "tests")
-#: what the tests need in the Windows Python when tests/ names nothing
-TEST_REQUIREMENTS = ["cffi", "pytest", "pytest-timeout"]
 #: seconds one pytest run under Wine may take: the whole suite takes about
 #: 250 s; pytest-timeout ends a stuck test after 300 s (pyproject.toml), and
 #: this ends a run stuck anywhere else, so CI fails naming it, in time.
@@ -69,11 +68,10 @@ def pytest_runs(pytest_args) -> list:
 
 
 def run_tests(version: str, wheel: str, pytest_args) -> int:
-    """Install the test requirements and the wheel into the Windows Python,
-    then run pytest there; returns pytest's exit status."""
-    requirements = os.path.join(TESTS, "requirements-windows.txt")
-    pip_for_windows(version, ["-r", requirements] if os.path.exists(requirements)
-                    else TEST_REQUIREMENTS)
+    """Install the test requirements (lock.py's LOCK, pinned and hashed) and
+    the wheel into the Windows Python, then run pytest there; returns
+    pytest's exit status."""
+    install_locked(version)
     pip_for_windows(version, ["--no-deps", "--force-reinstall", wheel])
     install_sitecustomize(version)
     # Run from a folder without the source package, so the installed wheel

@@ -9,7 +9,7 @@ import threading
 import time
 
 from .config import CACHE, log
-from .python import WINDOWS_PYTHONS, python_dir
+from .python import WINDOWS_PYTHONS, ensure_windows_python
 
 
 def wine_binary() -> str:
@@ -29,7 +29,7 @@ def wine_env(version: str = "3.11") -> dict:
     env = dict(os.environ)
     # One prefix (so one wineserver) per Windows Python: runs for two
     # versions may overlap, and ending one must not kill the other.
-    env["WINEPREFIX"] = os.path.join(CACHE, "prefix-" + WINDOWS_PYTHONS[version][1])
+    env["WINEPREFIX"] = os.path.join(CACHE, "prefix-" + WINDOWS_PYTHONS[version].tag)
     env["WINEDEBUG"] = "-all"
     env["WINEDLLOVERRIDES"] = "mscoree,mshtml="   # no Mono/Gecko install dialogs
     env.pop("DISPLAY", None)
@@ -66,7 +66,9 @@ def wine_python(version: str, args, check: bool = True, timeout: float | None = 
     ``env`` replaces the version's own environment (wine_env), and names
     the prefix.
     """
-    exe = os.path.join(python_dir(version), "python.exe")
+    # Checked before every run: unpacked and signature-checked on first
+    # use, its signed binaries unchanged since on every later one.
+    exe = os.path.join(ensure_windows_python(version), "python.exe")
     cmd = [wine_binary(), exe, *args]
     env = env if env is not None else wine_env(version)
     if echo:

@@ -109,7 +109,7 @@ def build_wheel(version: str) -> str:
     its path."""
     ensure_apt_packages()
     ensure_windows_python(version)
-    tag = WINDOWS_PYTHONS[version][1]
+    tag = WINDOWS_PYTHONS[version].tag
     # One build folder per Windows Python (whose headers it compiles with):
     # runs for two versions may overlap.
     workdir = os.path.join(CACHE, f"build-{tag}")
