@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 from servers import child_env, need
+from test_integrations import HOOK_CONFTEST, write_pytest_asyncio_recipe
 
 import socknotify_loop
 
@@ -102,12 +103,7 @@ def test_pytest_asyncio_hook_with_deprecations_as_errors(tmp_path):
     found = tuple(int(part) for part in version("pytest-asyncio").split(".")[:2])
     if found < (1, 4):
         pytest.skip(f"pytest-asyncio {found} has no pytest_asyncio_loop_factories hook")
-    (tmp_path / "conftest.py").write_text(textwrap.dedent("""\
-        import socknotify_loop
-
-        def pytest_asyncio_loop_factories(config, item):
-            return {"socknotify": socknotify_loop.new_event_loop}
-        """))
+    write_pytest_asyncio_recipe(tmp_path, HOOK_CONFTEST)
     (tmp_path / "test_recipe.py").write_text(textwrap.dedent(f"""\
         import asyncio
         import pytest
@@ -117,11 +113,11 @@ def test_pytest_asyncio_hook_with_deprecations_as_errors(tmp_path):
             loop = asyncio.get_running_loop()
             assert f"{{type(loop).__module__}}.{{type(loop).__qualname__}}" == {OURS!r}
         """))
-    # The scope option set: unset, pytest-asyncio itself warns (a
-    # PytestDeprecationWarning, a DeprecationWarning subclass) about it.
+    # The recipe sets the scope option (its pyproject.toml): unset,
+    # pytest-asyncio itself warns (a PytestDeprecationWarning, a
+    # DeprecationWarning subclass) about it.
     result = run_strict(["-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         "-o", "asyncio_default_fixture_loop_scope=function",
-                         "-W", "error::DeprecationWarning", str(tmp_path)], tmp_path)
+                         "-W", "error", str(tmp_path)], tmp_path)
     assert "1 passed" in result.stdout, result.stdout
 
 
