@@ -74,6 +74,45 @@ def test_recipe_runs_with_deprecations_as_errors(tmp_path, name):
     assert run_strict([str(script)], tmp_path).stdout.split() == ["loop", OURS]
 
 
+def _readme_use_scripts():
+    """The README's "Use" section as the programs a reader pastes: its first
+    block, then each later block (an alternative) after the first block's
+    set-up (everything before its call), with main()'s body printing the
+    running loop's class. Yields (name, script, the Python version the block asks for)."""
+    import os
+    import re
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "README.md")
+    if not os.path.exists(readme):
+        pytest.skip("README.md is not shipped here")
+    with open(readme, encoding="utf-8") as f:
+        section = f.read().split("\n## Use\n", 1)[1].split("\n## ", 1)[0]
+    ran = ("    loop = type(asyncio.get_running_loop())\n"
+           "    print('main ran on', f'{loop.__module__}.{loop.__qualname__}')")
+    blocks = [block.replace("    ...", ran)
+              for block in re.findall(r"```python\n(.*?)```", section, re.S)]
+    setup = blocks[0].split("\nsocknotify_loop.run(", 1)[0] + "\n"
+    for index, block in enumerate(blocks):
+        script = block if index == 0 else setup + block
+        since = re.search(r"# 3\.(\d+)\+", block)
+        yield f"block {index + 1}", script, (3, int(since.group(1)) if since else 9)
+
+
+def test_readme_use_blocks_each_run_main_once(tmp_path):
+    """Pasted as it stands, each block of the README's "Use" section runs
+    main() once (alternatives are separate blocks, not consecutive calls),
+    on our loop, with DeprecationWarning as an error."""
+    scripts = list(_readme_use_scripts())
+    assert len(scripts) >= 2, "the Use section lost its alternatives"
+    for name, script, since in scripts:
+        if sys.version_info < since:
+            continue
+        path = tmp_path / "use.py"
+        path.write_text(script)
+        out = run_strict([str(path)], tmp_path).stdout.split("\n")
+        assert [line for line in out if line] == [f"main ran on {OURS}"], (name, script, out)
+
+
 def test_launcher_with_deprecations_as_errors(tmp_path):
     """``python -m socknotify_loop app.py`` and ``-m module``: asyncio.run,
     new_event_loop and (3.11+) Runner without a factory all get our loop."""
