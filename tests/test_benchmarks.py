@@ -286,3 +286,37 @@ def test_http_server_serves_on_the_loop_named(kind, loop, tmp_path):
         """, tmp_path)
     assert answer["body"] == "Hello, world!"
     assert answer["served_by"] == "socknotify_loop.loop.Loop"
+
+
+def test_pythons_section_shows_the_peers_of_each_version(tmp_path):
+    """benchmarks/pythons.py's section (CPython 3.14 and 3.15, where zuvloop
+    exists): a peer's instructions against asyncio's and ours, its timing
+    paired within rounds, and a peer that did not install, with pip's
+    reason."""
+    counted = ("pingpong_protocol", "pingpong_streams", "udp_pingpong", "pingpong_sock")
+    instructions = {case: {"asyncio": {"per_round_trip": 1000.0},
+                           "socknotify": {"per_round_trip": 500.0},
+                           "zuvloop": {"per_round_trip": 250.0}} for case in counted}
+    per_round = {"asyncio": {"0": 10.0, "1": 20.0}, "asyncio-aa": {"0": 10.0, "1": 20.0},
+                 "socknotify": {"0": 12.0, "1": 22.0}, "zuvloop": {"0": 15.0, "1": 40.0}}
+    summary = {case: {"loops": {name: {"per_round": values}
+                                for name, values in per_round.items()}, "ratios": {}}
+               for case in counted}
+    results = {"meta": {"python": "3.14.2"}, "linux": {
+        "instructions": instructions, "summary": {"socknotify": summary},
+        "loops": {"zuvloop": {"available": True, "version": "0.0.17"},
+                  "uvloop": {"available": False,
+                             "error": "pip install 'uvloop>=0.23' failed: ERROR: no wheel"}}}}
+    path = tmp_path / "pythons-x-py314.json"
+    path.write_text(json.dumps(results))
+    answer = _script(f"""
+        import json
+        from benchmarks import pythons
+        print(json.dumps(pythons.section([{str(path)!r}])))
+        """, tmp_path)
+    text = "\n".join(answer)
+    assert "| 3.14.2 | zuvloop: pingpong_protocol | 250 | 0.250 | 0.500 | 1.75x (1.50x-2.00x) |" \
+        in text
+    assert "| 3.14.2 | zuvloop: udp_pingpong | 250 | 0.250 | 0.500 | not timed |" in text
+    assert ("| 3.14.2 | uvloop | unavailable: pip install 'uvloop>=0.23' failed: "
+            "ERROR: no wheel | - | - | - |") in text
