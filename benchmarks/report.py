@@ -85,8 +85,9 @@ PEERS_TEXT = [
     "| --- | --- | --- | --- | --- | --- |",
     ("| uvloop | asyncio's loop on libuv (Cython) | no wheels (winloop is its Windows fork) "
      "| - | yes (Linux, macOS) | CPython |"),
-    ("| winloop | uvloop's Windows fork on libuv | wheels (measured in the Wine section) | yes "
-     "(libuv) | yes | CPython |"),
+    ("| winloop | uvloop's Windows fork on libuv | wheels (measured in the Wine section) | yes, "
+     "through libuv's poll handles (`winloop/loop.pyx`) | yes (`subprocess_exec` in "
+     "`winloop/loop.pyx`) | CPython |"),
     ("| zuvloop | a loop on libuv written in Zig | `win_amd64` wheels | yes: its own "
      "self-pipe waits through `add_reader` on every system (`zuvloop/_base.py`) | yes, with a "
      "Windows branch of its own (`zuvloop/_process.py`) | CPython 3.14 and later only "
