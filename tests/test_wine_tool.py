@@ -96,7 +96,7 @@ def test_checked_before_any_command_runs(tmp_path):
     if not os.path.isdir(FOLDER):
         pytest.skip("tools/ is not shipped here")
     if sys.platform == "win32":
-        pytest.skip("a Linux-host tool, not run from Windows")
+        pytest.skip("a tool for Linux hosts only")
     code = (
         "import importlib.metadata, sys\n"
         "real = importlib.metadata.version\n"
