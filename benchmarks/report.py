@@ -183,7 +183,7 @@ def http_table(section: dict) -> list[str]:
     settings = data.get("settings", {})
     lines = [HTTP_TEXT, "",
              f"Settings: {settings.get('wrk', '?')}; {settings.get('placement', '?')}; "
-             f"{settings.get('rounds', '?')} rounds.", ""]
+             f"rounds: {settings.get('rounds', '?')}.", ""]
     for case, entry in data.get("cases", {}).items():
         title = CASE_LABELS.get(case, case)
         if "error" in entry:
@@ -194,7 +194,11 @@ def http_table(section: dict) -> list[str]:
         reference = entry.get("reference", "asyncio")
         lines += [f"**{title}**", "",
                   f"| loop | requests/s | / {label(reference)} |", "| --- | --- | --- |"]
-        for loop, cell in entry["loops"].items():
+        # The run's loop order (the results file keeps its keys sorted).
+        order = [n for n in section.get("usable", []) if n in entry["loops"]]
+        order += sorted(n for n in entry["loops"] if n not in order)
+        for loop in order:
+            cell = entry["loops"][loop]
             if cell.get("stats"):
                 rate = fmt_stats(cell["stats"])
                 ratio = (f"**{fmt_stats(cell['ratio'], fmt_ratio)}**" if cell.get("ratio")
