@@ -13,6 +13,9 @@ LOOP_LABELS = {
     "socknotify": "ours (epoll)", "proactor": "Proactor", "winselector": "WinSelector",
     "winloop": "winloop", "socknotify-afd": "ours (afd)", "socknotify-psn": "ours (psn)",
     "socknotify-asyncio-transports": "ours, asyncio's transports",
+    "rloop": "rloop", "veloxloop": "veloxloop", "zuvloop": "zuvloop",
+    "aiofastnet-asyncio": "aiofastnet on asyncio", "aiofastnet-uvloop": "aiofastnet on uvloop",
+    "aiofastnet-socknotify": "aiofastnet on ours",
 }
 CASE_LABELS = {
     "pingpong_streams": "ping-pong, streams (100 B)",
@@ -24,6 +27,8 @@ CASE_LABELS = {
     "churn": "connection churn (connect, exchange, close)",
     "memory_streams": "per idle connection, asyncio streams",
     "memory_add_reader": "per idle socket, add_reader only",
+    "http_uvicorn": "uvicorn, small ASGI app",
+    "http_aiohttp": "aiohttp application",
 }
 for _n in IDLE_SIZES:
     CASE_LABELS[f"idle_{_n}"] = f"1 active connection + {_n} idle"

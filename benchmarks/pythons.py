@@ -45,13 +45,17 @@ CASES = ("pingpong_protocol", "pingpong_streams")
 #: Counted under callgrind (benchmarks/counting.py counts every ping-pong).
 COUNTED = CASES + ("udp_pingpong", "pingpong_sock")
 LOOPS = "asyncio,asyncio-aa,socknotify"
+#: the peers measured beside them, each where it installs (run.py's
+#: peers.py installs them in the chroot's venv, one by one): zuvloop exists
+#: for CPython 3.14 and later only, so this is where it is measured
+PEER_LOOPS = "zuvloop,uvloop,aiofastnet-asyncio,aiofastnet-socknotify"
 
 
 def measure(version: str, rounds: int, stamp: str) -> str:
     """Run benchmarks/run.py in the chroot on ``version``; the results file."""
     inside = f"/root/bench-{version}.json"
     bench = ["python", "benchmarks/run.py", "--no-wine", "--installed",
-             "--loops", LOOPS, "--cases", ",".join(CASES) + ",instructions",
+             "--loops", f"{LOOPS},{PEER_LOOPS}", "--cases", ",".join(CASES) + ",instructions",
              "--rounds", str(rounds), "--output", inside]
     # The chroot's venv has the test requirements; run.py needs pyperf too.
     script = f"pip install -q {shlex.quote(requirement('pyperf'))} && exec {shlex.join(bench)}"
@@ -89,6 +93,44 @@ def _control(linux: dict, case: str) -> str:
     return f"{min(ratios):.2f}x-{max(ratios):.2f}x"
 
 
+def _peer_timing(linux: dict, case: str, peer: str) -> str:
+    """The peer's rate over asyncio's, paired within each round."""
+    loops = linux.get("summary", {}).get("socknotify", {}).get(case, {}).get("loops", {})
+    mine = loops.get(peer, {}).get("per_round", {})
+    theirs = loops.get("asyncio", {}).get("per_round", {})
+    ratios = sorted(mine[n] / theirs[n] for n in mine if n in theirs and theirs[n])
+    if not ratios:
+        return "not measured"
+    middle = ratios[len(ratios) // 2] if len(ratios) % 2 else (
+        ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+    return f"{middle:.2f}x ({ratios[0]:.2f}x-{ratios[-1]:.2f}x)"
+
+
+def peer_rows(version: str, linux: dict) -> List[str]:
+    """One row per peer and counted case: its instructions per round trip
+    against asyncio's and ours, its timing against asyncio; a peer that was
+    unavailable on this version, once, with the reason."""
+    rows = []
+    for peer in PEER_LOOPS.split(","):
+        info = linux.get("loops", {}).get(peer)
+        if info is None:
+            continue
+        if not info.get("available"):
+            rows.append(f"| {version} | {peer} | unavailable: {info.get('error')} | - | - | - |")
+            continue
+        for case in COUNTED:
+            counted = linux.get("instructions", {}).get(case, {})
+            if "per_round_trip" not in counted.get(peer, {}):
+                continue
+            theirs = _instructions(linux, case, peer)
+            stock = _instructions(linux, case, "asyncio")
+            ours = _instructions(linux, case, "socknotify")
+            rows.append(f"| {version} | {peer}: {case} | {theirs:,.0f} | {theirs / stock:.3f} | "
+                        f"{theirs / ours:.3f} | "
+                        f"{_peer_timing(linux, case, peer) if case in CASES else 'not timed'} |")
+    return rows
+
+
 def section(paths: List[str]) -> List[str]:
     runs = []
     for path in paths:
@@ -121,6 +163,15 @@ def section(paths: List[str]) -> List[str]:
                        f"**{ours / stock:.3f}** | "
                        f"{_timing(linux, case, 'asyncio') if timed else 'not timed'} | "
                        f"{_control(linux, case) if timed else '-'} |")
+    peers = [row for _, results in runs
+             for row in peer_rows(results["meta"]["python"], results["linux"])]
+    if peers:
+        out += ["", "The peers on the same versions, in the same runs (zuvloop publishes for "
+                "CPython 3.14 and later only, so it is measured here; a peer that did not "
+                "install says why):", "",
+                "| Python | peer: case | instructions per round trip | / asyncio | / ours "
+                "| timing, peer / asyncio |",
+                "| --- | --- | --- | --- | --- | --- |", *peers]
     out += ["", "Results files: " + ", ".join(f"`{name}`" for name, _ in runs) + ".",
             END]
     return out

@@ -72,6 +72,54 @@ WINE_IDLE_NOTE = (
     "any socket signals. Proactor and winloop keep overlapped reads, which Wine queues "
     "per socket. This is a cost of Wine's AFD emulation, so this row says nothing about "
     "idle scaling on real Windows (measure there before drawing a conclusion).")
+#: What each peer is and where it runs, read from the peers' own packages
+#: (their wheels' metadata on the package index and their Python sources),
+#: not measured: the measured rows are in the tables below.
+PEERS_TEXT = [
+    ("The loops users compare this one with. Each is measured where it installs; one "
+     "that does not install here (no wheel for this Python or this system) is listed "
+     "under \"Machine and run\" with pip's reason, not left out. What each offers on "
+     "Windows is read from its own package, and not measured here:"),
+    "",
+    "| peer | what it is | Windows | `add_reader` on Windows | subprocesses | Pythons |",
+    "| --- | --- | --- | --- | --- | --- |",
+    ("| uvloop | asyncio's loop on libuv (Cython) | no wheels (winloop is its Windows fork) "
+     "| - | yes (Linux, macOS) | CPython |"),
+    ("| winloop | uvloop's Windows fork on libuv | wheels (measured in the Wine section) | yes, "
+     "through libuv's poll handles (`winloop/loop.pyx`) | yes (`subprocess_exec` in "
+     "`winloop/loop.pyx`) | CPython |"),
+    ("| zuvloop | a loop on libuv written in Zig | `win_amd64` wheels | yes: its own "
+     "self-pipe waits through `add_reader` on every system (`zuvloop/_base.py`) | yes, with a "
+     "Windows branch of its own (`zuvloop/_process.py`) | CPython 3.14 and later only "
+     "(its `Requires-Python`): measured in the CPython 3.14 and 3.15 section |"),
+    ("| rloop | a loop written in Rust | no wheels; its classifiers name Linux and macOS "
+     "| - | yes (a pidfd waited on with `add_reader`) | CPython 3.10+, PyPy; `start_tls`, "
+     "`sendfile`, Unix sockets and `connect_accepted_socket` raise `NotImplementedError` "
+     "(`rloop/loop.py`) |"),
+    ("| veloxloop | a loop written in Rust | no wheels on the index (its classifier says "
+     "\"OS Independent\") | - | not in its interface (`veloxloop/_veloxloop.pyi`) "
+     "| CPython 3.11+ |"),
+    ("| aiofastnet | not a loop: asyncio's transports and TLS in Cython/C, on any loop's "
+     "`add_reader`/`add_writer` (`aiofastnet.loop_factory(base)`) | wheels | on "
+     "`ProactorEventLoop` it falls back to asyncio's transports; on this loop it uses "
+     "`add_reader` ([switching](switching.md#aiofastnet-compiled-transports)) | the base "
+     "loop's (it hands Windows pipes back to the loop) | CPython 3.9-3.15, no PyPy |"),
+    "",
+    ("Whether a peer's own project runs CPython's asyncio test suites cannot be read from "
+     "its package (none ships its tests in its wheel) and is not claimed here; this loop "
+     "runs them on Linux and under Wine (`tests/conformance`)."),
+]
+HTTP_TEXT = (
+    "An application on top: each loop serves HTTP on 127.0.0.1 from a server process "
+    "pinned to one CPU while wrk, pinned to the other, keeps 50 connections busy "
+    "(`benchmarks/httpbench.py`). uvicorn serves a small ASGI app answering every "
+    "request with 13 bytes of plain text, aiohttp the same answer from a "
+    "`web.Application`. Each figure is wrk's requests per second after a warm-up run; "
+    "the ratio to asyncio is taken within a round and its median (min-max) reported. "
+    "The A/A row (asyncio served again) is the noise of these rounds: a ratio inside it "
+    "is a tie. A loop whose server failed, or for which wrk counted failed requests, "
+    "shows the error instead of a rate.")
+
 # -- tables ----------------------------------------------------------------------------
 
 def control_line(section: dict) -> list[str]:
@@ -121,6 +169,44 @@ def rate_table(section: dict, platform: str) -> list[str]:
                 else:
                     cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def http_table(section: dict) -> list[str]:
+    """Requests per second under wrk, per server kind and loop, and the ratio
+    to asyncio within each round."""
+    data = section.get("http")
+    if not data:
+        return []
+    if "error" in data:
+        return [f"The HTTP case did not run: {data['error']}.", ""]
+    settings = data.get("settings", {})
+    lines = [HTTP_TEXT, "",
+             f"Settings: {settings.get('wrk', '?')}; {settings.get('placement', '?')}; "
+             f"rounds: {settings.get('rounds', '?')}.", ""]
+    for case, entry in data.get("cases", {}).items():
+        title = CASE_LABELS.get(case, case)
+        if "error" in entry:
+            lines += [f"{title}: not measured: {entry['error']}.", ""]
+            continue
+        if entry.get("http"):
+            title += f" (uvicorn's `{entry['http']}` HTTP parser)"
+        reference = entry.get("reference", "asyncio")
+        lines += [f"**{title}**", "",
+                  f"| loop | requests/s | / {label(reference)} |", "| --- | --- | --- |"]
+        # The run's loop order (the results file keeps its keys sorted).
+        order = [n for n in section.get("usable", []) if n in entry["loops"]]
+        order += sorted(n for n in entry["loops"] if n not in order)
+        for loop in order:
+            cell = entry["loops"][loop]
+            if cell.get("stats"):
+                rate = fmt_stats(cell["stats"])
+                ratio = (f"**{fmt_stats(cell['ratio'], fmt_ratio)}**" if cell.get("ratio")
+                         else ("1.00x" if loop == reference else "-"))
+            else:
+                rate, ratio = f"failed: {cell.get('error') or 'no figure'}", "-"
+            lines.append(f"| {label(loop)} | {rate} | {ratio} |")
+        lines.append("")
     return lines
 
 
@@ -444,6 +530,7 @@ def write(results: dict, results_path: str) -> str:
         "",
     ]
     out += ["## Cases", "", *CASES_TEXT, ""]
+    out += ["## The peers", "", *PEERS_TEXT, ""]
     windows_heading = "Windows (native)"
     if results["meta"].get("wine"):
         windows_heading += " -- run inside Wine, so these are Wine figures"
@@ -455,6 +542,9 @@ def write(results: dict, results_path: str) -> str:
             continue
         rates = rate_table(section, name) if first_summary(section) else []
         out += [f"## {heading}", "", *control_line(section), *rates, ""]
+        http = http_table(section)
+        if http:
+            out += [f"### HTTP servers under wrk, {title}", "", *http]
         if name in images.get("ratios", {}):
             out += [(f"![{title}: rate relative to {label(REFERENCES[name][0])}]"
                     f"(img/{images['ratios'][name]})"), ""]

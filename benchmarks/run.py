@@ -48,16 +48,18 @@ if __name__ == "__main__" and not __package__:
 
 from . import (
     counting,
+    httpbench,
     instructions,
     kernel_calls,
     machine,
+    peers,
     pyperf_files,
     report,
     runner,
     syscalls,
     targets,
 )
-from .loops import LINUX_LOOPS, OURS, REFERENCES, WINDOWS_LOOPS
+from .loops import LINUX_LOOPS, OURS, REFERENCES, WINDOWS_LOOPS, packages_of, uses_our_package
 from .platforms import ensure_inplace_build, linux_platform, windows_platform
 from .runner import MEMORY_CASES, RESULTS, ROOT, TIMED_CASES, Platform, Progress
 
@@ -72,7 +74,7 @@ def parse_args(argv=None):
                         help="short smoke run (fewer rounds, shorter windows)")
     parser.add_argument("--cases", default="",
                         help="comma-separated subset of: " + ", ".join(
-                            TIMED_CASES + MEMORY_CASES + COUNTED))
+                            TIMED_CASES + MEMORY_CASES + COUNTED + list(httpbench.CASES)))
     parser.add_argument("--loops", default="",
                         help="comma-separated subset of: " + ", ".join(LINUX_LOOPS + WINDOWS_LOOPS))
     parser.add_argument("--rounds", type=int,
@@ -80,9 +82,16 @@ def parse_args(argv=None):
     parser.add_argument("--wine-rounds", type=int, help="Wine rounds (default 3, quick 2)")
     parser.add_argument("--duration", type=float, help="measured seconds per figure")
     parser.add_argument("--warmup", type=float, help="warm-up seconds per figure")
+    parser.add_argument("--http-seconds", type=int,
+                        help="wrk's measured seconds per HTTP figure (default 10, quick 2)")
+    parser.add_argument("--http-warmup", type=int,
+                        help="wrk's warm-up seconds per HTTP figure (default 2, quick 1)")
     parser.add_argument("--cpu", type=int, default=0, help="the CPU to pin to (default 0)")
     parser.add_argument("--no-linux", action="store_true")
     parser.add_argument("--no-wine", action="store_true")
+    parser.add_argument("--no-install", action="store_true",
+                        help="do not pip-install missing peers of peers.txt (they are then "
+                             "reported unavailable)")
     parser.add_argument("--installed", action="store_true",
                         help="measure the installed socknotify_loop, not the source tree "
                              "(no in-place build)")
@@ -95,6 +104,9 @@ def parse_args(argv=None):
     options.wine_rounds = options.wine_rounds or (2 if quick else 3)
     options.duration = options.duration or (0.3 if quick else 0.8)
     options.warmup = options.warmup or (0.1 if quick else 0.2)
+    options.http_seconds = options.http_seconds or (2 if quick else 10)
+    options.http_warmup = options.http_warmup if options.http_warmup is not None else (
+        1 if quick else 2)
     options.connections = 2000 if quick else 5000
     options.strace_counts = (500, 2500) if quick else (1000, 6000)
     options.callgrind_counts = (200, 1200) if quick else (500, 3000)
@@ -124,9 +136,18 @@ def available(info: dict, loops):
     return [name for name in loops if info["loops"].get(name, {}).get("available")]
 
 
-def run_platform(platform: Platform, loops, cases, rounds, cfg, options, progress) -> dict:
-    """Describe the loops, then the timed rounds, then the memory figures."""
+def run_platform(platform: Platform, loops, cases, rounds, cfg, options, progress,
+                 installs=None) -> dict:
+    """Describe the loops, then the timed rounds, then the memory figures.
+    ``installs``: peers.ensure()'s outcome; a loop whose package pip could
+    not install says so instead of the import error."""
     info = runner.describe(platform, loops)
+    for name in loops:
+        entry = info["loops"][name]
+        failed = [(installs or {}).get(p, {}).get("error") for p in packages_of(name)]
+        failed = [reason for reason in failed if reason]
+        if not entry.get("available") and failed:
+            entry["error"] = failed[0]
     usable = available(info, loops)
     for name in loops:
         if name not in usable:
@@ -139,6 +160,7 @@ def run_platform(platform: Platform, loops, cases, rounds, cfg, options, progres
     mem_cfg = {"connections": options.connections, "timeout": 240}
     mem = runner.memory_runs(platform, usable, mem_cfg, progress, memory_cases)
     return {"loops": info["loops"], "process": info["process"], "usable": usable,
+            "peer_installs": installs or {},
             "requested": loops, "cfg": cfg, "rounds": rounds, "records": records,
             "memory": mem}
 
@@ -165,15 +187,18 @@ def run_linux(options, cfg, progress) -> dict | None:
     # callgrind costs ~2 minutes: left out of --quick unless asked for by name.
     want_instructions = (options.case_list is None and not options.quick) \
         or "instructions" in asked
-    if not loops or not (cases or want_syscalls or want_instructions or want_kernel_calls):
+    http_cases = wanted(options, list(httpbench.CASES))
+    if not loops or not (cases or want_syscalls or want_instructions or want_kernel_calls
+                         or http_cases):
         return None
-    if any(name in OURS for name in loops) and not options.installed:
+    if any(uses_our_package(name) for name in loops) and not options.installed:
         ensure_inplace_build(log)
+    installs = None if options.no_install else peers.ensure(loops, log)
     platform = linux_platform(options.cpu, options.installed)
     log(f"Linux: loops {', '.join(loops)}; {options.rounds} rounds, "
         f"{options.warmup}+{options.duration} s per figure, pinned to CPU {options.cpu}")
     section = run_platform(platform, loops, cases, options.rounds,
-                           dict(cfg, setup_allowance=3), options, progress)
+                           dict(cfg, setup_allowance=3), options, progress, installs)
     section["placement"] = f"worker pinned to CPU {options.cpu} (os.sched_setaffinity)"
     if want_syscalls:
         progress.add(len(counting.pairs(section["usable"])))
@@ -188,6 +213,11 @@ def run_linux(options, cfg, progress) -> dict | None:
                                                      options.callgrind_counts, progress)
     if want_kernel_calls:
         count_kernel_calls(platform, section, options, progress)
+    if http_cases:
+        log(f"HTTP: {', '.join(http_cases)} under wrk, {options.rounds} rounds")
+        section["http"] = httpbench.run(http_cases, section["usable"], options.rounds,
+                                        platform.env, options.cpu, options.http_seconds,
+                                        options.http_warmup, log, progress)
     summarise(section, REFERENCES["linux"])
     return section
 
@@ -267,7 +297,7 @@ def main(argv=None) -> int:
     meta["command"] = " ".join(["python", "benchmarks/run.py", *(argv or sys.argv[1:])])
     meta["options"] = {k: getattr(options, k) for k in (
         "quick", "rounds", "wine_rounds", "duration", "warmup", "connections", "cpu",
-        "installed")}
+        "installed", "http_seconds", "http_warmup")}
     meta["options"]["kernel_counts"] = list(options.kernel_counts)
     meta["options"]["strace_counts"] = list(options.strace_counts)
     meta["options"]["callgrind_counts"] = list(options.callgrind_counts)

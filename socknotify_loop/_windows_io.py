@@ -234,6 +234,8 @@ class WindowsLoop(Loop):
     which stays for Ctrl+C (see :meth:`run_forever`).
     """
 
+    #: socknotify_loop.Loop on Windows (Loop._exported_as says why).
+    _exported_as = "socknotify_loop.Loop"
     _proactor: PortProactor | None = None
     # A wake-up packet is on its way: more call_soon_threadsafe calls before
     # the loop's next iteration need none (one packet per call would leave

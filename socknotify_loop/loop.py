@@ -57,7 +57,7 @@ import time as _time
 import weakref
 from asyncio import base_events, events, format_helpers, sslproto
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from .selector import NotifySelector
 from .transports import DatagramTransport, SocketTransport, sendfile_fallback
@@ -166,6 +166,13 @@ class Loop(asyncio.SelectorEventLoop):
     class that adds subprocesses, pipes and named pipes on the same port.
     """
 
+    #: The name this class goes by in its repr, set on the class that
+    #: ``socknotify_loop.Loop`` is on this platform (_factory.loop_class):
+    #: this one except on Windows, where the subclass WindowsLoop is.
+    #: Read from the class's own __dict__, so a subclass is named as itself.
+    _exported_as: ClassVar[Optional[str]] = (
+        None if sys.platform == "win32" else "socknotify_loop.Loop")
+
     # asyncio's private state that this class reads, declared for type
     # checkers only (typeshed leaves it out; no runtime cost).
     _selector: NotifySelector
@@ -215,6 +222,21 @@ class Loop(asyncio.SelectorEventLoop):
             raise
         # What the iteration reads of the selector, the same for its life.
         self._view = selector.loop_view
+        # Kept for __repr__, which also describes a closed loop (asyncio
+        # drops the selector when it closes).
+        self._backend_name = selector.backend
+
+    def __repr__(self) -> str:
+        """asyncio's fields, with the loop's name and backend: an unclosed
+        loop's ResourceWarning quotes this, and a bare class name does not
+        say whose loop it is. The class the package exports as
+        ``socknotify_loop.Loop`` on this platform goes by that name (see
+        ``_exported_as``), any other by its module and qualified name."""
+        cls = type(self)
+        name = cls.__dict__.get("_exported_as") or f"{cls.__module__}.{cls.__qualname__}"
+        return (f"<{name} running={self.is_running()} closed={self.is_closed()} "
+                f"debug={self.get_debug()} "
+                f"backend={getattr(self, '_backend_name', None)}>")
 
     def run_forever(self) -> None:
         """Run until :meth:`stop` is called.

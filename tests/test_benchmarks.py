@@ -162,3 +162,161 @@ def test_scaling_table_and_its_kept_section(tmp_path):
     assert answer["kept"][1:] == [
         "<!-- threads: measured by benchmarks/scaling.py, kept by report.py -->",
         "## One loop per thread", "<!-- /threads -->"]
+
+
+# -- the peers and the HTTP case -------------------------------------------------------------
+
+WRK_OK = """\
+Running 2s test @ http://127.0.0.1:8000/
+  1 threads and 50 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    10.01ms    1.00ms  20.00ms   90.00%
+    Req/Sec     5.00k   100.00     5.10k    80.00%
+  10000 requests in 2.00s, 1.50MB read
+Requests/sec:   4999.50
+Transfer/sec:    750.00KB
+"""
+
+
+def test_peers_missing_or_too_new_are_reported_with_the_reason(tmp_path):
+    """A peer that pip cannot install, or that is not for this Python,
+    is an unavailable loop with the reason, never a silent omission; each
+    missing peer is asked of pip on its own."""
+    answer = _script("""
+        import json, subprocess, sys
+        from benchmarks import loops, peers
+        asked = []
+        def install(requirement):
+            asked.append(requirement)
+            return subprocess.CompletedProcess([], 1, "", "WARNING: Location x is ignored\\n"
+                "ERROR: No matching distribution found for " + requirement + "\\n")
+        loops.PEER_MODULES["nosuchpeer"] = "socknotify_no_such_peer_module"
+        real = peers.requirements
+        peers.requirements = lambda: dict(real(), nosuchpeer="nosuchpeer>=1")
+        outcome = peers.ensure(["asyncio", "nosuchpeer", "nosuchpeer"], lambda line: None,
+                               install=install)
+        zuvloop = loops.describe("zuvloop") if sys.version_info < (3, 14) else None
+        print(json.dumps({"outcome": outcome, "asked": asked, "zuvloop": zuvloop,
+                          "file": sorted(real()),
+                          "packages": loops.packages_of("aiofastnet-uvloop"),
+                          "ours": [loops.uses_our_package(n) for n in
+                                   ("aiofastnet-socknotify", "aiofastnet-asyncio", "socknotify")]}))
+        """, tmp_path)
+    assert answer["asked"] == ["nosuchpeer>=1"]
+    assert answer["outcome"] == {"nosuchpeer": {
+        "error": "pip install 'nosuchpeer>=1' failed: "
+                 "ERROR: No matching distribution found for nosuchpeer>=1"}}
+    if answer["zuvloop"] is not None:
+        assert answer["zuvloop"]["available"] is False
+        assert "CPython 3.14 and later" in answer["zuvloop"]["error"]
+    assert answer["file"] == ["aiofastnet", "rloop", "uvloop", "veloxloop", "zuvloop"]
+    assert answer["packages"] == ["aiofastnet", "uvloop"]
+    assert answer["ours"] == [True, False, True]
+
+
+def test_wrk_output_and_http_ratios_within_rounds(tmp_path):
+    answer = _script(f"""
+        import json
+        from benchmarks import httpbench, report
+        ok = {WRK_OK!r}
+        parsed = [httpbench.parse_wrk(ok),
+                  httpbench.parse_wrk(ok.replace("Requests/sec",
+                      "  Socket errors: connect 0, read 3, write 0, timeout 2\\nRequests/sec")),
+                  httpbench.parse_wrk(ok.replace("Requests/sec",
+                      "  Non-2xx or 3xx responses: 7\\nRequests/sec")),
+                  httpbench.parse_wrk("unable to connect to 127.0.0.1:1 Connection refused")]
+        records = [
+            {{"case": "http_aiohttp", "loop": "asyncio", "round": 0, "value": 100.0}},
+            {{"case": "http_aiohttp", "loop": "socknotify", "round": 0, "value": 120.0}},
+            {{"case": "http_aiohttp", "loop": "asyncio", "round": 1, "value": 200.0}},
+            {{"case": "http_aiohttp", "loop": "socknotify", "round": 1, "value": 180.0}},
+            {{"case": "http_aiohttp", "loop": "rloop", "round": 0,
+              "error": "server did not start"}},
+        ]
+        summary = httpbench.summarise(records, ["asyncio", "socknotify", "rloop"])
+        section = {{"http": {{"settings": {{"wrk": "wrk -t1 -c50", "placement": "p",
+                                           "rounds": 2}},
+                             "cases": {{"http_aiohttp": summary,
+                                       "http_uvicorn": {{"error": "uvicorn is not installed"}}}}}}}}
+        print(json.dumps({{"parsed": parsed, "summary": summary,
+                          "table": report.http_table(section),
+                          "peers": report.PEERS_TEXT}}))
+        """, tmp_path)
+    ok, socket_errors, non_2xx, refused = answer["parsed"]
+    assert ok == {"value": 4999.5, "unit": "requests/s", "requests": 10000}
+    assert socket_errors["error"].startswith("wrk: socket errors 0/3/0/2")
+    assert non_2xx == {"error": "wrk: 7 non-2xx answers"}
+    assert refused["error"].startswith("wrk reported no rate: unable to connect")
+    ours = answer["summary"]["loops"]["socknotify"]
+    # Paired within each round: 120/100 and 180/200.
+    assert (ours["ratio"]["median"], ours["ratio"]["min"], ours["ratio"]["max"]) == (1.05, 0.9, 1.2)
+    assert answer["summary"]["loops"]["asyncio"]["ratio"] is None
+    assert answer["summary"]["loops"]["rloop"]["error"] == "server did not start"
+    table = "\n".join(answer["table"])
+    assert "| ours (epoll) | 150 (120-180) | **1.05x (0.90x-1.20x)** |" in table
+    assert "| asyncio | 150 (100-200) | 1.00x |" in table
+    assert "| rloop | failed: server did not start | - |" in table
+    assert "not measured: uvicorn is not installed" in table
+    assert any(line.startswith("| zuvloop |") for line in answer["peers"])
+
+
+@pytest.mark.parametrize("kind", ["uvicorn", "aiohttp"])
+@pytest.mark.parametrize("loop", ["socknotify", "aiofastnet-socknotify"])
+def test_http_server_serves_on_the_loop_named(kind, loop, tmp_path):
+    """httpserve.py, as httpbench.py starts it (without wrk): it says READY
+    once it listens, answers a request on the loop named, and stops."""
+    import importlib.util
+    needed = {"uvicorn": "uvicorn", "aiohttp": "aiohttp"}[kind]
+    for module in (needed, *(("aiofastnet",) if loop.startswith("aiofastnet") else ())):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (the integrations extra)")
+    answer = _script(f"""
+        import json, os, urllib.request
+        from benchmarks import httpbench
+        # The server, run by path, puts the project root last on sys.path:
+        # socknotify_loop is the installed one, as in this process.
+        env = {{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}}
+        proc, port, served_by = httpbench.start_server({kind!r}, {loop!r}, env, None)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{{port}}/", timeout=30) as reply:
+                body = reply.read().decode()
+        finally:
+            httpbench.stop_server(proc)
+        print(json.dumps({{"body": body, "served_by": served_by, "exit": proc.returncode}}))
+        """, tmp_path)
+    assert answer["body"] == "Hello, world!"
+    assert answer["served_by"] == "socknotify_loop.loop.Loop"
+
+
+def test_pythons_section_shows_the_peers_of_each_version(tmp_path):
+    """benchmarks/pythons.py's section (CPython 3.14 and 3.15, where zuvloop
+    exists): a peer's instructions against asyncio's and ours, its timing
+    paired within rounds, and a peer that did not install, with pip's
+    reason."""
+    counted = ("pingpong_protocol", "pingpong_streams", "udp_pingpong", "pingpong_sock")
+    instructions = {case: {"asyncio": {"per_round_trip": 1000.0},
+                           "socknotify": {"per_round_trip": 500.0},
+                           "zuvloop": {"per_round_trip": 250.0}} for case in counted}
+    per_round = {"asyncio": {"0": 10.0, "1": 20.0}, "asyncio-aa": {"0": 10.0, "1": 20.0},
+                 "socknotify": {"0": 12.0, "1": 22.0}, "zuvloop": {"0": 15.0, "1": 40.0}}
+    summary = {case: {"loops": {name: {"per_round": values}
+                                for name, values in per_round.items()}, "ratios": {}}
+               for case in counted}
+    results = {"meta": {"python": "3.14.2"}, "linux": {
+        "instructions": instructions, "summary": {"socknotify": summary},
+        "loops": {"zuvloop": {"available": True, "version": "0.0.17"},
+                  "uvloop": {"available": False,
+                             "error": "pip install 'uvloop>=0.23' failed: ERROR: no wheel"}}}}
+    path = tmp_path / "pythons-x-py314.json"
+    path.write_text(json.dumps(results))
+    answer = _script(f"""
+        import json
+        from benchmarks import pythons
+        print(json.dumps(pythons.section([{str(path)!r}])))
+        """, tmp_path)
+    text = "\n".join(answer)
+    assert "| 3.14.2 | zuvloop: pingpong_protocol | 250 | 0.250 | 0.500 | 1.75x (1.50x-2.00x) |" \
+        in text
+    assert "| 3.14.2 | zuvloop: udp_pingpong | 250 | 0.250 | 0.500 | not timed |" in text
+    assert ("| 3.14.2 | uvloop | unavailable: pip install 'uvloop>=0.23' failed: "
+            "ERROR: no wheel | - | - | - |") in text

@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 from servers import child_env, need
+from test_integrations import HOOK_CONFTEST, write_pytest_asyncio_recipe
 
 import socknotify_loop
 
@@ -73,6 +74,45 @@ def test_recipe_runs_with_deprecations_as_errors(tmp_path, name):
     assert run_strict([str(script)], tmp_path).stdout.split() == ["loop", OURS]
 
 
+def _readme_use_scripts():
+    """The README's "Use" section as the programs a reader pastes: its first
+    block, then each later block (an alternative) after the first block's
+    set-up (everything before its call), with main()'s body printing the
+    running loop's class. Yields (name, script, the Python version the block asks for)."""
+    import os
+    import re
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "README.md")
+    if not os.path.exists(readme):
+        pytest.skip("README.md is not shipped here")
+    with open(readme, encoding="utf-8") as f:
+        section = f.read().split("\n## Use\n", 1)[1].split("\n## ", 1)[0]
+    ran = ("    loop = type(asyncio.get_running_loop())\n"
+           "    print('main ran on', f'{loop.__module__}.{loop.__qualname__}')")
+    blocks = [block.replace("    ...", ran)
+              for block in re.findall(r"```python\n(.*?)```", section, re.S)]
+    setup = blocks[0].split("\nsocknotify_loop.run(", 1)[0] + "\n"
+    for index, block in enumerate(blocks):
+        script = block if index == 0 else setup + block
+        since = re.search(r"# 3\.(\d+)\+", block)
+        yield f"block {index + 1}", script, (3, int(since.group(1)) if since else 9)
+
+
+def test_readme_use_blocks_each_run_main_once(tmp_path):
+    """Pasted as it stands, each block of the README's "Use" section runs
+    main() once (alternatives are separate blocks, not consecutive calls),
+    on our loop, with DeprecationWarning as an error."""
+    scripts = list(_readme_use_scripts())
+    assert len(scripts) >= 2, "the Use section lost its alternatives"
+    for name, script, since in scripts:
+        if sys.version_info < since:
+            continue
+        path = tmp_path / "use.py"
+        path.write_text(script)
+        out = run_strict([str(path)], tmp_path).stdout.split("\n")
+        assert [line for line in out if line] == [f"main ran on {OURS}"], (name, script, out)
+
+
 def test_launcher_with_deprecations_as_errors(tmp_path):
     """``python -m socknotify_loop app.py`` and ``-m module``: asyncio.run,
     new_event_loop and (3.11+) Runner without a factory all get our loop."""
@@ -102,12 +142,7 @@ def test_pytest_asyncio_hook_with_deprecations_as_errors(tmp_path):
     found = tuple(int(part) for part in version("pytest-asyncio").split(".")[:2])
     if found < (1, 4):
         pytest.skip(f"pytest-asyncio {found} has no pytest_asyncio_loop_factories hook")
-    (tmp_path / "conftest.py").write_text(textwrap.dedent("""\
-        import socknotify_loop
-
-        def pytest_asyncio_loop_factories(config, item):
-            return {"socknotify": socknotify_loop.new_event_loop}
-        """))
+    write_pytest_asyncio_recipe(tmp_path, HOOK_CONFTEST)
     (tmp_path / "test_recipe.py").write_text(textwrap.dedent(f"""\
         import asyncio
         import pytest
@@ -117,11 +152,11 @@ def test_pytest_asyncio_hook_with_deprecations_as_errors(tmp_path):
             loop = asyncio.get_running_loop()
             assert f"{{type(loop).__module__}}.{{type(loop).__qualname__}}" == {OURS!r}
         """))
-    # The scope option set: unset, pytest-asyncio itself warns (a
-    # PytestDeprecationWarning, a DeprecationWarning subclass) about it.
+    # The recipe sets the scope option (its pyproject.toml): unset,
+    # pytest-asyncio itself warns (a PytestDeprecationWarning, a
+    # DeprecationWarning subclass) about it.
     result = run_strict(["-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         "-o", "asyncio_default_fixture_loop_scope=function",
-                         "-W", "error::DeprecationWarning", str(tmp_path)], tmp_path)
+                         "-W", "error", str(tmp_path)], tmp_path)
     assert "1 passed" in result.stdout, result.stdout
 
 

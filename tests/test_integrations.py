@@ -207,13 +207,44 @@ POLICY_CONFTEST = textwrap.dedent("""\
         return socknotify_loop.EventLoopPolicy()
     """)
 
+# The recipe's setting (docs/switching.md): unset, pytest-asyncio warns at
+# start-up, an error under -W error.
+PYTEST_ASYNCIO_CONFIG = textwrap.dedent("""\
+    [tool.pytest.ini_options]
+    asyncio_default_fixture_loop_scope = "function"
+    """)
 
-def _run_pytest(directory) -> subprocess.CompletedProcess:
+# pytest-asyncio 1.4+ deprecates the policy fixture (the docs say to use
+# the hook there): the one warning the policy recipe's run lets through.
+POLICY_FIXTURE_DEPRECATED = r'ignore:Overriding the "event_loop_policy" fixture:DeprecationWarning'
+
+
+def write_pytest_asyncio_recipe(directory, conftest: str) -> None:
+    """The recipe's files as docs/switching.md gives them: conftest.py and
+    the setting in pyproject.toml."""
+    (directory / "conftest.py").write_text(conftest)
+    (directory / "pyproject.toml").write_text(PYTEST_ASYNCIO_CONFIG)
+
+
+def _run_pytest(directory, *warning_options) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
-         "ignore::DeprecationWarning", str(directory)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error",
+         *warning_options, str(directory)],
         check=False, cwd=str(directory), env=_env(), capture_output=True, text=True,
         timeout=300)
+
+
+def test_pytest_asyncio_recipes_are_the_docs():
+    """The files these tests write are docs/switching.md's recipe, verbatim."""
+    import os
+    page = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "docs", "switching.md")
+    if not os.path.exists(page):
+        pytest.skip("docs/ is not shipped here")
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    for block in (HOOK_CONFTEST, POLICY_CONFTEST, PYTEST_ASYNCIO_CONFIG):
+        assert block in text, block
 
 
 def _pytest_asyncio_version():
@@ -227,7 +258,7 @@ def test_pytest_asyncio_loop_factories_hook(tmp_path):
     found, _ = _pytest_asyncio_version()
     if found < (1, 4):
         pytest.skip(f"pytest-asyncio {found} has no pytest_asyncio_loop_factories hook")
-    (tmp_path / "conftest.py").write_text(HOOK_CONFTEST)
+    write_pytest_asyncio_recipe(tmp_path, HOOK_CONFTEST)
     (tmp_path / "test_with_factory.py").write_text(PYTEST_ASYNCIO_TESTS)
     result = _run_pytest(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -240,9 +271,10 @@ def test_pytest_asyncio_policy_fixture(tmp_path):
         pytest.skip("event loop policies are deprecated on Python 3.14+")
     if found >= (2, 0):
         pytest.skip(f"pytest-asyncio {found} may have dropped the event_loop_policy fixture")
-    (tmp_path / "conftest.py").write_text(POLICY_CONFTEST)
+    write_pytest_asyncio_recipe(tmp_path, POLICY_CONFTEST)
     (tmp_path / "test_with_policy.py").write_text(PYTEST_ASYNCIO_TESTS)
-    result = _run_pytest(tmp_path)
+    result = _run_pytest(tmp_path, *(["-W", POLICY_FIXTURE_DEPRECATED] if found >= (1, 4)
+                                     else []))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 passed" in result.stdout
 

@@ -930,6 +930,39 @@ class TestLoopIdentity(NotifyTestCase):
         self.assertTrue(loop.is_closed())
 
 
+def test_repr_names_the_package_and_backend():
+    """An unclosed loop's ResourceWarning quotes its repr: it says whose
+    loop it is (the name the package exports it under) and its backend; a
+    subclass keeps its own name."""
+    import gc
+    gc.collect()
+    loop = socknotify_loop.new_event_loop()
+    backend = loop.backend
+    assert repr(loop) == (f"<socknotify_loop.Loop running=False closed=False debug=False "
+                          f"backend={backend}>")
+    loop.set_debug(True)
+    loop.close()
+    assert repr(loop) == (f"<socknotify_loop.Loop running=False closed=True debug=True "
+                          f"backend={backend}>")
+
+    class Mine(Loop):
+        pass
+
+    mine = Mine()
+    try:
+        assert repr(mine).startswith(f"<{__name__}.{Mine.__qualname__} running=False ")
+    finally:
+        mine.close()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        socknotify_loop.new_event_loop()
+        gc.collect()
+    messages = [str(w.message) for w in caught if w.category is ResourceWarning]
+    assert (f"unclosed event loop <socknotify_loop.Loop running=False closed=False "
+            f"debug=False backend={backend}>") in messages, messages
+
+
 # -- the package's entry points --------------------------------------------------------------
 
 async def _running_loop_type():

@@ -320,3 +320,47 @@ def test_tests_readme_names_every_test_file():
     unnamed = [path for path in files
                if not any(fnmatch.fnmatchcase(path, name) for name in named)]
     assert not unnamed, f"tests/README.md does not name {unnamed}"
+
+
+def _only_includes(path: str) -> bool:
+    """Whether a Markdown page is an ``{include}`` with nothing but MyST
+    directives beside it (a repository browser shows the directives)."""
+    import re
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    rest = re.sub(r"```\{[a-z]+\}.*?```", "", text, flags=re.S)
+    return "```{include}" in text and not rest.strip()
+
+
+def test_links_reach_a_readable_file():
+    """Every relative link of the README, the changelog and docs/*.md names
+    an existing file, and none a page made of an ``{include}`` directive
+    alone (docs/index.md, docs/changelog.md): in a repository browser such
+    a page shows the directive, so links name the included file, and the
+    docs site maps them back (docs/conf.py)."""
+    import glob
+    import re
+
+    docs = os.path.join(ROOT, "docs")
+    if not os.path.isdir(docs):
+        pytest.skip("docs/ is not shipped here")
+    pages = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CHANGELOG.md"),
+             *sorted(glob.glob(os.path.join(docs, "*.md")))]
+    include_only = {os.path.normpath(p) for p in pages if _only_includes(p)}
+    assert {os.path.normpath(os.path.join(docs, name))
+            for name in ("index.md", "changelog.md")} <= include_only
+    wrong = []
+    for page in pages:
+        if os.path.normpath(page) in include_only:
+            continue
+        with open(page, encoding="utf-8") as f:
+            text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = os.path.normpath(os.path.join(os.path.dirname(page),
+                                                 target.split("#", 1)[0]))
+            if not os.path.exists(path) or path in include_only:
+                wrong.append(f"{os.path.relpath(page, ROOT)}: {target}")
+    assert not wrong, wrong

@@ -37,6 +37,7 @@ import sys
 from .apt import ensure_apt_packages
 from .bench import run_bench
 from .compile import CHECK_TRANSITIONS, TESTING
+from .host import ensure_host_packages
 from .lock import write_lock
 from .python import WINDOWS_PYTHONS, ensure_windows_python
 from .run import run_tests
@@ -74,6 +75,9 @@ def main(argv=None) -> int:
         os.environ["SOCKNOTIFY_BACKEND"] = options.backend
     if options.check_transitions:
         os.environ[CHECK_TRANSITIONS] = "1"
+    # cffi and build, before the first command needing them has done any
+    # work (host.py).
+    ensure_host_packages()
     if options.command in ("test", "all"):
         # The tests steer the strict model: a test build (sn_testing.h).
         os.environ[TESTING] = "1"
