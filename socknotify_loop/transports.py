@@ -395,10 +395,14 @@ class _Common:
         if self._buffer:
             self._buffer.clear()
             self._after_buffer_cleared()
-            self._loop._remove_writer(self._sock_fd)
-        if not self._closing:
-            self._closing = True
-            self._loop._remove_reader(self._sock_fd)
+        # Both removed whatever the buffer and the flags say (asyncio removes
+        # the writer only for a non-empty buffer, the reader only if not yet
+        # closing): an exception part way through a write or a close (a
+        # MemoryError, a signal handler's) may have left a writer with
+        # nothing buffered, or the flag set before its reader was removed.
+        self._closing = True
+        self._loop._remove_writer(self._sock_fd)
+        self._loop._remove_reader(self._sock_fd)
         self._conn_lost += 1
         self._update_can_send()
         self._call_soon(self._call_connection_lost, exc)
@@ -411,6 +415,14 @@ class _Common:
             if self._protocol_connected:
                 self._protocol.connection_lost(exc)
         finally:
+            # Nothing of this descriptor may stay in the selector once it is
+            # closed: the next socket given its number would meet the key
+            # (its registration failing underneath, the connection hung).
+            # The paths that got here removed both already; this holds
+            # whatever exception cut one of them short.
+            loop = self._loop
+            loop._remove_reader(self._sock_fd)
+            loop._remove_writer(self._sock_fd)
             self._sock.close()  # type: ignore[union-attr]  # once: _conn_lost guards
             self._sock = None
             self._protocol = None
@@ -633,10 +645,18 @@ class SocketTransport(_Common, asyncio.Transport):
             self._buffer_rest(data, n)
 
     def _buffer_rest(self, data: Any, n: int) -> None:
-        """What a direct send left: into the buffer, sent when writable."""
+        """What a direct send left: into the buffer, sent when writable.
+
+        In this order, so that an exception at any step (copying a large
+        rest may raise MemoryError; a signal handler may raise anywhere)
+        leaves a state the transport goes on from: ``_can_send`` off
+        first (a later write goes behind whatever got buffered), then the
+        writer, then the copy. A writer with nothing buffered sends nothing
+        and removes itself; a buffer without a writer would never drain,
+        and a close() would wait for it forever."""
+        self._can_send = False
         self._add_writer(self._write_ready)
         self._buffer.extend(memoryview(data)[n:])
-        self._can_send = False
         self._maybe_pause_protocol()
 
     def _write_checked(self, data: Any) -> bool:
@@ -889,15 +909,24 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
         return addr
 
     def _queue(self, data: Any, addr: Any) -> None:
-        """A datagram into the queue, sent once the socket is writable."""
-        # A copy: the caller may reuse a mutable buffer.
-        self._buffer.append((bytes(data), addr))
+        """A datagram into the queue, sent once the socket is writable.
+
+        ``_can_send`` goes off first, as in the stream transport's
+        ``_buffer_rest``: whatever step an exception cuts short, a later
+        datagram is not sent ahead of a queued one."""
         self._can_send = False
+        # A copy: the caller may reuse a mutable buffer. Its length is
+        # what is counted, added here and taken back when it is sent (a
+        # memoryview's len() counts its items, not its bytes).
+        data = bytes(data)
+        self._buffer.append((data, addr))
         self._buffer_size += len(data) + _DATAGRAM_HEADER
         self._maybe_pause_protocol()
 
     def _sendto_ready(self) -> None:
         """Writable with datagrams queued: send them in order."""
+        if self._conn_lost:
+            return
         buffer = self._buffer
         while buffer:
             data, addr = buffer.popleft()
@@ -932,6 +961,9 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
             self._update_can_send()
             self._loop._remove_writer(self._sock_fd)
             if self._closing:
+                # close() with datagrams queued: they are out, now close.
+                self._conn_lost += 1
+                self._can_send = False
                 self._call_connection_lost(None)
 
 
