@@ -629,9 +629,10 @@ class SocketTransport(_Common, asyncio.Transport):
 
     def write(self, data: Any) -> None:
         """Send ``data`` now as far as the socket takes it, buffer the rest."""
-        if ((not self._can_send or type(data) is not bytes or not data)
-                and not self._write_checked(data)):
-            return
+        if not self._can_send or type(data) is not bytes or not data:
+            data = self._write_checked(data)
+            if data is None:
+                return
         try:
             n = self._sock.send(data)  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
@@ -659,12 +660,21 @@ class SocketTransport(_Common, asyncio.Transport):
         self._buffer.extend(memoryview(data)[n:])
         self._maybe_pause_protocol()
 
-    def _write_checked(self, data: Any) -> bool:
+    def _write_checked(self, data: Any) -> Any:
         """write()'s checks for every case but the plain one, in asyncio's
         order: the type, end of file, sendfile, empty data, a lost
         connection (counted, and logged past a threshold), data already
-        buffered (appended). True when ``data`` is to be sent now, by
-        write()'s one send."""
+        buffered (appended). Returns what write()'s one send is to send
+        now, or None.
+
+        A memoryview whose items are not single bytes, or that has more
+        than one dimension, is sent as the bytes it views: write() counts
+        what send() took, in bytes, against the data's ``len()``, which
+        counts such a view's items (its rows, for a 2-D one), and a
+        partial send would otherwise be taken for a whole one or cut at
+        the wrong place (asyncio's transport loses those bytes). A view
+        that is not C-contiguous is left as it is, for send() to refuse
+        with asyncio's BufferError."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(_WRITE_TYPE_MESSAGE.format(type(data).__name__))
         if self._eof:
@@ -672,18 +682,21 @@ class SocketTransport(_Common, asyncio.Transport):
         if self._empty_waiter is not None:
             raise RuntimeError("unable to write; sendfile is in progress")
         if not data:
-            return False
+            return None
         if self._conn_lost:
             if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
                 logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
             self._can_send = False
-            return False
+            return None
         if self._buffer:
-            self._buffer.extend(data)
+            self._buffer.extend(data)   # a view's bytes, whatever its items
             self._maybe_pause_protocol()
-            return False
-        return True
+            return None
+        if (type(data) is memoryview and (data.itemsize != 1 or data.ndim != 1)
+                and data.c_contiguous):
+            return data.cast("B")
+        return data
 
     def writelines(self, list_of_data: Any) -> None:
         """Write the concatenation of ``list_of_data`` (one send, not many)."""

@@ -7,6 +7,7 @@ asyncio, the reference: a test that fails on the reference is wrong.
 """
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import errno
@@ -1523,6 +1524,118 @@ class _TestTransports:
         for _ in range(3):
             self.run_loop(main(), timeout=60)
             del self.loop_exceptions[:]
+
+    # -- memoryviews of any format and shape ------------------------------------------
+
+    def test_a_partly_sent_memoryview_arrives_byte_for_byte(self):
+        """A memoryview is written as the bytes it views, whatever its
+        items and shape, also when the socket takes only part of it: views
+        of 4-byte items ('I') and 2-D ones, by write() with nothing
+        buffered and behind buffered data, and by writelines(). (Counting
+        the part sent in bytes against a length in items once lost 3n
+        bytes of an 'I' view sent n bytes short, and whole rows of a 2-D
+        one.)"""
+        items = array.array("I", range(2500))   # 10,000 bytes
+        flat = memoryview(items)
+        grid = flat.cast("B").cast("I", (25, 100))
+        columns = flat.cast("B").cast("H", (50, 100))
+        self.assertEqual((len(flat), len(grid), flat.nbytes), (2500, 25, 10_000))
+        # asyncio's transport from 3.12 keeps the views and fails on its
+        # own count (IndexError, a fatal write error), or loses bytes.
+        self.expect_loop_exceptions = not self.own
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            a, b = socket.socketpair()
+            transport, proto = await loop.connect_accepted_socket(Recorder, sock=_SendsLittle(a))
+            peer_tr, peer = await loop.connect_accepted_socket(Recorder, sock=b)
+            expected = bytearray()
+            for view in (flat, grid, columns):
+                # Alone (each waits for the buffer to drain first), then
+                # behind buffered data, then in a list.
+                transport.write(view)
+                expected += view.tobytes()
+                await self.until(lambda: transport.get_write_buffer_size() == 0, timeout=10)
+                transport.write(b"<")
+                transport.write(view)
+                expected += b"<" + view.tobytes()
+                await self.until(lambda: transport.get_write_buffer_size() == 0, timeout=10)
+                transport.writelines([view, b">", view])
+                expected += view.tobytes() + b">" + view.tobytes()
+            transport.write_eof()
+            await asyncio.wait_for(peer.eof, 10)
+            got = bytes(peer.data)
+            transport.close()
+            peer_tr.close()
+            await asyncio.wait_for(proto.lost, 10)
+            await asyncio.wait_for(peer.lost, 10)
+            if got != expected:
+                self.stock_fails_too(
+                    "a view's length is counted in items, what send() took in bytes",
+                    AssertionError(f"{len(got)} bytes arrived of {len(expected)}"))
+
+        try:
+            self.run_loop(main())
+        except Exception as failure:
+            self.stock_fails_too("a view's length is counted in items", failure)
+        self.assertEqual(self.loop_exceptions, [])
+
+    def test_a_non_contiguous_memoryview_fails_the_write_as_with_asyncio(self):
+        """A view the socket cannot send (not C-contiguous: every other
+        byte, say) is a fatal write error, BufferError, as asyncio's
+        direct send makes it; nothing of it is sent."""
+        self.expect_loop_exceptions = True
+
+        async def main() -> None:
+            server, client, peer = await self.pair()
+            view = memoryview(b"abcdefgh")[::2]
+            client.transport.write(view)
+            exc = await asyncio.wait_for(client.lost, 10)
+            self.assertIsInstance(exc, BufferError)
+            self.assertEqual([c["message"] for c in self.loop_exceptions],
+                             ["Fatal write error on socket transport"])
+            self.assertIs(self.loop_exceptions[0]["exception"], exc)
+            await asyncio.wait_for(peer.lost, 10)
+            self.assertEqual(bytes(peer.data), b"")
+            server.close()
+            await server.wait_closed()
+
+        self.run_loop(main())
+
+    def test_a_queued_memoryview_datagram_is_counted_in_bytes(self):
+        """A datagram that waits in the queue counts its bytes in the
+        write buffer's size, and the size goes back to what it was once
+        it is sent (a memoryview of 4-byte items was counted by its items
+        and taken back by its bytes: the size went below zero)."""
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            peer.bind((LOCALHOST, 0))
+            peer.setblocking(False)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind((LOCALHOST, 0))
+            sock.connect(peer.getsockname())
+            faulty = FaultySocket(sock, {"send": {1: BlockingIOError()}})
+            try:
+                transport, proto = await loop.create_datagram_endpoint(_Datagrams, sock=faulty)
+                empty = transport.get_write_buffer_size()
+                view = memoryview(array.array("I", range(100)))
+                transport.sendto(view)   # refused at once: queued
+                self.assertEqual(len(transport._buffer), 1)
+                queued = transport.get_write_buffer_size() - empty
+                got = await asyncio.wait_for(loop.sock_recv(peer, 1000), 10)
+                self.assertEqual(got, view.tobytes())
+                await self.until(lambda: not transport._buffer)
+                after = transport.get_write_buffer_size()
+                transport.close()
+                await asyncio.wait_for(proto.lost, 10)
+            finally:
+                peer.close()
+            if queued < 400 or after != empty:
+                self.stock_fails_too("a view's length is counted in items", AssertionError(
+                    f"queued {queued} for 400 bytes, {after - empty} left once sent"))
+
+        self.run_loop(main())
 
     # -- an exception part way through a write -------------------------------------
 
