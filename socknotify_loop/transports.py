@@ -124,6 +124,9 @@ if sys.version_info >= (3, 14):
 else:
     _WRITE_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
 _DATAGRAM_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
+# Python 3.12 gave the stream transport a writelines() of its own, which
+# checks end of file and sendfile before anything else, in its own words.
+_WRITELINES_CHECKS_FIRST = sys.version_info >= (3, 12)
 #: What DatagramTransport._sendto_checked answers for a datagram dropped
 #: or queued: nothing to send now.
 _DONE: Any = object()
@@ -699,11 +702,21 @@ class SocketTransport(_Common, asyncio.Transport):
         return data
 
     def writelines(self, list_of_data: Any) -> None:
-        """Write the concatenation of ``list_of_data`` (one send, not many)."""
-        if self._eof:
-            raise RuntimeError("Cannot call writelines() after write_eof()")
-        if self._empty_waiter is not None:
-            raise RuntimeError("unable to writelines; sendfile is in progress")
+        """Write the concatenation of ``list_of_data`` (one send, not many).
+
+        With the running Python's checks, as write() has: asyncio up to
+        3.11 joins the list and calls write(), whose checks then refuse
+        (a list that does not join fails first); from 3.12 writelines()
+        checks end of file and sendfile first, in its own words, then
+        takes each item as a memoryview."""
+        if _WRITELINES_CHECKS_FIRST:
+            if self._eof:
+                raise RuntimeError("Cannot call writelines() after write_eof()")
+            if self._empty_waiter is not None:
+                raise RuntimeError("unable to writelines; sendfile is in progress")
+            if not list_of_data:
+                return
+            list_of_data = [memoryview(data) for data in list_of_data]
         self.write(b"".join(list_of_data))
 
     def _write_ready(self) -> None:

@@ -1525,6 +1525,74 @@ class _TestTransports:
             self.run_loop(main(), timeout=60)
             del self.loop_exceptions[:]
 
+    # -- writelines: asyncio's checks, the running version's -------------------------
+
+    def test_writelines_refused_as_by_this_pythons_asyncio(self):
+        """After write_eof(): asyncio up to 3.11 joins the list and calls
+        write(), which refuses with write()'s message (and a list of
+        non-bytes fails the join first); 3.12 checks in writelines() with
+        its own message, before anything else."""
+        async def main() -> None:
+            server, client, peer = await self.pair(server_factory=lambda: Recorder(keep_open=True))
+            tr = client.transport
+            tr.writelines([])   # nothing to send: no error
+            tr.write_eof()
+            name = "writelines" if sys.version_info >= (3, 12) else "write"
+            message = f"Cannot call {name}() after write_eof()"
+            for lines in ([b"x"], [], [memoryview(b"y")]):
+                with self.assertRaises(RuntimeError) as caught:
+                    tr.writelines(lines)
+                self.assertEqual(str(caught.exception), message)
+            with self.assertRaises(RuntimeError if sys.version_info >= (3, 12) else TypeError):
+                tr.writelines([1])
+            await asyncio.wait_for(peer.eof, 10)
+            peer.transport.close()
+            await asyncio.wait_for(client.lost, 10)
+            await asyncio.wait_for(peer.lost, 10)
+            server.close()
+            await server.wait_closed()
+
+        self.run_loop(main())
+
+    @skip_unless_posix
+    def test_writelines_during_sendfile_refused_as_by_this_pythons_asyncio(self):
+        """While a native sendfile holds the transport: write()'s message
+        up to 3.11 (writelines() calls write()), writelines()'s own from
+        3.12."""
+        async def main() -> None:
+            server, client, peer = await self.pair()
+            tr = client.transport
+            peer.transport.pause_reading()   # the file waits in the socket
+            with tempfile.TemporaryFile() as f:
+                payload = pattern(BIG, seed=29)
+                f.write(payload)
+                f.seek(0)
+                sending = asyncio.ensure_future(self.loop.sendfile(tr, f))
+
+                def in_progress() -> bool:
+                    try:
+                        tr.write(b"")   # refused only while sendfile holds it
+                    except RuntimeError:
+                        return True
+                    return False
+
+                await self.until(in_progress, timeout=10)
+                name = "writelines" if sys.version_info >= (3, 12) else "write"
+                for lines in ([b"x"], []):
+                    with self.assertRaises(RuntimeError) as caught:
+                        tr.writelines(lines)
+                    self.assertEqual(str(caught.exception),
+                                     f"unable to {name}; sendfile is in progress")
+                peer.transport.resume_reading()
+                self.assertEqual(await asyncio.wait_for(sending, 60), BIG)
+            tr.close()
+            await asyncio.wait_for(peer.lost, 30)
+            self.assertEqual(bytes(peer.data), payload)
+            server.close()
+            await server.wait_closed()
+
+        self.run_loop(main(), timeout=90)
+
     # -- memoryviews of any format and shape ------------------------------------------
 
     def test_a_partly_sent_memoryview_arrives_byte_for_byte(self):
