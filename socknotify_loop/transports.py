@@ -204,7 +204,25 @@ class _Common:
     _buffer: Any
 
     def _setup(self, loop: Any, sock: socket.socket, protocol: Any,
-               extra: dict[str, Any] | None, server: Any, context: Any) -> None:
+               extra: dict[str, Any] | None, context: Any) -> None:
+        """The state both transports share. Each ``__init__`` sets its own
+        after it, then :meth:`_enter`: nothing outside the transport knows
+        of it before every attribute is set."""
+        self._loop = loop
+        self._sock = sock
+        self._server = None    # the server, once attached to it (_enter)
+        self._closing = False
+        self._can_send = False
+        self._sock_fd = sock.fileno()
+        self._context = context
+        self._protocol_connected = False
+        self._conn_lost = 0    # counts writes after the connection was lost
+        self._paused = False   # reading paused by pause_reading()
+        # Flow control of writes (asyncio's defaults: 64 KiB high, a
+        # quarter of it low).
+        self._protocol_paused = False
+        self._high_water = 64 * 1024
+        self._low_water = 16 * 1024
         self._extra = {} if extra is None else extra
         self._extra["socket"] = _TransportSocket(sock)
         try:
@@ -216,28 +234,27 @@ class _Common:
                 self._extra["peername"] = sock.getpeername()
             except OSError:
                 self._extra["peername"] = None
-        self._loop = loop
-        self._sock = sock
-        self._can_send = False
-        self._sock_fd = sock.fileno()
-        self._context = context
-        self.max_size = _MAX_SIZE   # the property below: sets _read_size too
-        self._protocol_connected = False
-        self._server = server
-        self._conn_lost = 0    # counts writes after the connection was lost
-        self._closing = False
-        self._paused = False   # reading paused by pause_reading()
-        # Flow control of writes (asyncio's defaults: 64 KiB high, a
-        # quarter of it low).
-        self._protocol_paused = False
-        self._high_water = 64 * 1024
-        self._low_water = 16 * 1024
+
+    def _enter(self, server: Any) -> None:
+        """The last step of ``__init__``: attach to ``server`` (asyncio's
+        Server refuses once closed: its _attach asserts that it still has
+        sockets, which a server closed while a connection was being
+        accepted has not) and join the loop's transports."""
         if server is not None:
             if _ATTACH_TAKES_TRANSPORT:
                 server._attach(self)
             else:
                 server._attach()
-        loop._transports[self._sock_fd] = self
+            self._server = server
+        self._loop._transports[self._sock_fd] = self
+
+    def _abandon(self, sock: Any) -> None:
+        """``__init__`` failed: the transport was never handed out, so its
+        socket is closed now, not by a finalizer (asyncio leaves it to the
+        transport's, which warns of an unclosed transport, or to the
+        socket's), and the peer sees the connection end at once."""
+        self._sock = None
+        sock.close()
 
     def _call_soon(self, callback: Any, *args: Any) -> None:
         if self._context is None:
@@ -310,15 +327,19 @@ class _Common:
         info = [type(self).__name__]
         if getattr(self, "_sock", None) is None:
             info.append("closed")
-        elif self._closing:
+        elif getattr(self, "_closing", False):
             info.append("closing")
-        info.append(f"fd={getattr(self, '_sock_fd', None)}")
+        fd = getattr(self, "_sock_fd", None)
+        info.append(f"fd={fd}")
         loop = getattr(self, "_loop", None)
-        if loop is not None and not loop.is_closed():
-            fd = self._sock_fd
+        if loop is not None and fd is not None and not loop.is_closed():
             info.append("read=polling" if _polling(loop, fd, 1) else "read=idle")
             state = "polling" if _polling(loop, fd, 2) else "idle"
-            info.append(f"write=<{state}, bufsize={self.get_write_buffer_size()}>")
+            try:
+                size = self.get_write_buffer_size()
+            except AttributeError:   # an __init__ that failed before the buffer
+                size = 0
+            info.append(f"write=<{state}, bufsize={size}>")
         return "<{}>".format(" ".join(info))
 
     def get_write_buffer_size(self) -> int:
@@ -370,11 +391,13 @@ class _Common:
     def __del__(self, _warn: Any = warnings.warn) -> None:
         sock = getattr(self, "_sock", None)
         if sock is not None:
-            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+            # Closed before the warning, which may raise (-W error) or, on
+            # an object that something left half made, fail to format.
             sock.close()
-            server = getattr(self, "_server", None)
+            server = getattr(self, "_server", None)   # set once attached
             if server is not None and _ATTACH_TAKES_TRANSPORT:
                 server._detach(self)
+            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
 
     def _fatal_error(self, exc: BaseException,
                      message: str = "Fatal error on transport") -> None:
@@ -499,13 +522,19 @@ class SocketTransport(_Common, asyncio.Transport):
                  extra: dict[str, Any] | None = None, server: Any = None,
                  context: Any = None) -> None:
         self._buffered = False
-        self._setup(loop, sock, protocol, extra, server, context)
-        self.set_protocol(protocol)
-        self._buffer = bytearray()
-        self._eof = False
-        self._empty_waiter: asyncio.Future[None] | None = None
+        try:
+            self._setup(loop, sock, protocol, extra, context)
+            self._buffer = bytearray()
+            self._eof = False
+            self._empty_waiter: asyncio.Future[None] | None = None
+            self.max_size = _MAX_SIZE   # the property: sets _read_size too
+            self.set_protocol(protocol)
+            _set_nodelay(sock)
+            self._enter(server)
+        except BaseException:
+            self._abandon(sock)
+            raise
         self._can_send = True
-        _set_nodelay(sock)
         self._start(waiter)
 
     def _reader(self) -> Any:
@@ -800,11 +829,17 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
     def __init__(self, loop: Any, sock: socket.socket, protocol: Any,
                  address: Any = None, waiter: asyncio.Future[None] | None = None,
                  extra: dict[str, Any] | None = None) -> None:
-        self._setup(loop, sock, protocol, extra, None, None)
-        self.set_protocol(protocol)
-        self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
-        self._address = address
-        self._buffer_size = 0
+        try:
+            self._setup(loop, sock, protocol, extra, None)
+            self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
+            self._address = address
+            self._buffer_size = 0
+            self.max_size = _MAX_SIZE   # the property: sets _read_size too
+            self.set_protocol(protocol)
+            self._enter(None)
+        except BaseException:
+            self._abandon(sock)
+            raise
         # Connected (to ``address`` or already): send(), not sendto().
         self._connected = bool(self._extra["peername"])
         # A connected IPv4 socket receives from its peer alone (connect(2):

@@ -1525,6 +1525,77 @@ class _TestTransports:
             self.run_loop(main(), timeout=60)
             del self.loop_exceptions[:]
 
+    # -- a server closed while it accepts -----------------------------------------------
+
+    def check_server_closed_during_accept(self, clients: int) -> None:
+        """The protocol factory closes the server: the transport of each
+        connection being accepted meets a closed server, which refuses it
+        (asyncio's Server._attach asserts it is open). As with asyncio,
+        nothing reaches the exception handler (the loop's accept drops
+        the error; debug mode reports it), no protocol is told of a
+        connection, the server closes; every client sees its connection
+        end. The loop's own transport closes the socket itself, at once:
+        no finalizer is left to close it (with a ResourceWarning), and none
+        fails ("Exception ignored in __del__", a half-made transport's repr
+        once meeting no _buffer)."""
+        unraisable: List[Any] = []
+        made: List[Any] = []
+
+        class Told(asyncio.Protocol):
+            def connection_made(self, transport: Any) -> None:
+                made.append(transport)
+
+        async def main() -> List[bytes]:
+            loop = asyncio.get_running_loop()
+            server: Any = None
+
+            def factory() -> asyncio.Protocol:
+                server.close()
+                return Told()
+
+            server = await loop.create_server(factory, LOCALHOST, 0, backlog=clients)
+            port = server.sockets[0].getsockname()[1]
+            streams = await asyncio.gather(*(asyncio.open_connection(LOCALHOST, port)
+                                             for _ in range(clients)))
+            await asyncio.wait_for(server.wait_closed(), 10)
+            if not self.own:
+                # asyncio's half-made transports close their sockets when
+                # they are collected.
+                gc.collect()
+            got = await asyncio.gather(*(asyncio.wait_for(reader.read(), 10)
+                                         for reader, _ in streams))
+            for _, writer in streams:
+                writer.close()
+            return got
+
+        previous = sys.unraisablehook
+        sys.unraisablehook = unraisable.append
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ResourceWarning)
+                got = self.run_loop(main())
+                gc.collect()
+        finally:
+            sys.unraisablehook = previous
+        self.assertEqual(got, [b""] * clients)
+        self.assertEqual(made, [])
+        self.assertEqual(self.loop_exceptions, [])
+        if unraisable:
+            self.stock_fails_too(
+                "a transport that never attached detaches itself when collected",
+                AssertionError(f"{unraisable[0].exc_value!r} in {unraisable[0].object!r}"))
+        if self.own:
+            self.assertEqual([str(w.message) for w in caught
+                              if issubclass(w.category, ResourceWarning)], [])
+
+    def test_a_server_closed_by_its_protocol_factory(self):
+        self.check_server_closed_during_accept(1)
+
+    def test_a_server_closed_while_it_accepts_many(self):
+        """Shutdown under load: 40 connections waiting to be accepted when
+        the first one's factory closes the server."""
+        self.check_server_closed_during_accept(40)
+
     # -- writelines: asyncio's checks, the running version's -------------------------
 
     def test_writelines_refused_as_by_this_pythons_asyncio(self):
