@@ -136,19 +136,21 @@ _DONE: Any = object()
 # make an enum member on every read (an IntEnum lookup through four Python
 # frames), the C socket's own descriptors answer the number. Anything else
 # passed as a socket (a test's mock, as CPython's suites pass) is asked
-# for its attributes.
+# for its attributes. The test is of the object's real type, not
+# isinstance(): a mock made with spec=socket.socket claims the socket
+# class through its __class__, and the C descriptors refuse it.
 _c_family: Any = getattr(_socket.socket, "family", None)
 _c_type: Any = getattr(_socket.socket, "type", None)
 
 
 def _family_of(sock: Any) -> Any:
-    if _c_family is not None and isinstance(sock, _socket.socket):
+    if _c_family is not None and issubclass(type(sock), _socket.socket):
         return _c_family.__get__(sock)
     return sock.family
 
 
 def _type_of(sock: Any) -> Any:
-    if _c_type is not None and isinstance(sock, _socket.socket):
+    if _c_type is not None and issubclass(type(sock), _socket.socket):
         return _c_type.__get__(sock)
     return sock.type
 

@@ -2118,3 +2118,55 @@ def test_nodelay_is_set_on_tcp_sockets_only_and_a_mock_socket_is_accepted():
     fake.proto = socket.IPPROTO_TCP
     transports_module._set_nodelay(fake)
     fake.setsockopt.assert_called_once_with(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def test_a_socket_like_object_that_claims_the_socket_class_is_accepted():
+    """A mock made with ``spec=socket.socket`` answers ``isinstance`` as a
+    socket would (its ``__class__`` is the spec), but the C socket's own
+    descriptors refuse it (TypeError: descriptor 'family' ... doesn't
+    apply to a 'MagicMock' object). asyncio's transport asks such an
+    object for its attributes, and CPython's test_base_events hands its
+    loop one (create_connection and create_datagram_endpoint with
+    socket.socket patched): the loop's own transports are made on it
+    too, the family and type read as plain attributes."""
+    from unittest import mock
+
+    from socknotify_loop import transports as transports_module
+    for family in (socket.AF_INET, socket.AF_INET6):
+        fake = mock.MagicMock(spec=socket.socket)
+        fake.family = family
+        fake.type = socket.SOCK_STREAM
+        fake.proto = socket.IPPROTO_TCP
+        assert isinstance(fake, socket.socket)
+        assert transports_module._family_of(fake) == family
+        assert transports_module._type_of(fake) == socket.SOCK_STREAM
+        transports_module._set_nodelay(fake)
+        fake.setsockopt.assert_called_once_with(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    loop = Loop(transports="own")
+    try:
+        # As CPython's tests do: the loop's reader and writer registrations
+        # are mocks too, the mock socket's descriptor being no real one.
+        loop._add_reader = mock.Mock()   # type: ignore[method-assign]
+        loop._add_writer = mock.Mock()   # type: ignore[method-assign]
+        stream = mock.MagicMock(spec=socket.socket)
+        stream.family, stream.type, stream.proto = (
+            socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        stream.fileno.return_value = 1000
+        transport = loop._make_socket_transport(stream, asyncio.Protocol())
+        assert isinstance(transport, SocketTransport)
+        stream.setsockopt.assert_called_once_with(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        datagram = mock.MagicMock(spec=socket.socket)
+        datagram.family, datagram.type = socket.AF_INET, socket.SOCK_DGRAM
+        datagram.fileno.return_value = 1001
+        datagram.getpeername.return_value = ("127.0.0.1", 9)
+        endpoint = loop._make_datagram_transport(datagram, asyncio.DatagramProtocol())
+        assert isinstance(endpoint, DatagramTransport)
+        loop.run_until_complete(asyncio.sleep(0))
+        loop._add_reader.assert_any_call(1000, transport._read)
+        transport.abort()
+        endpoint.abort()
+        loop.run_until_complete(asyncio.sleep(0))
+        stream.close.assert_called_once_with()
+        datagram.close.assert_called_once_with()
+    finally:
+        loop.close()
