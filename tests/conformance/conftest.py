@@ -76,14 +76,24 @@ EXCLUSIONS = _load_exclusions()
 #: SOCKNOTIFY_CONFORMANCE=light (tox.ini sets it on the middle Python
 #: versions, to keep CI's time): only the modules that drive the loop's own
 #: machinery (its selector, sockets, transports, subprocesses and pipes, SSL
-#: over its transports) run. The rest (tasks, task groups, locks, queues,
-#: timeouts, wait_for, to_thread) test asyncio's own code on top of any loop;
-#: they run whole on the oldest and the newest version and on Windows.
-#: Unset or ``full``: every module.
+#: over its transports; test_base_events' connections and endpoints made on
+#: the loop's transports with mocked sockets, test_unix_events' signal
+#: handlers and pipe transports on the loop, test_events' handles, policies
+#: and get_event_loop() around it, all three a few seconds) run. The rest
+#: test asyncio's own code on top of any loop (tasks, task groups, locks,
+#: queues, timeouts, wait_for, to_thread, runners, contexts, staggered and
+#: eager tasks) or on mocks and simulated loops only (futures, whose three
+#: test_future_del_collect make a hundred full garbage collections each,
+#: 20 s apiece in a process holding every conformance module; pep492,
+#: protocols, transports, selector_events, proactor_events); they run
+#: whole on the oldest and the newest version and on Windows. Unset or
+#: ``full``: every module.
 LIGHT_MODULES = frozenset({
     "test_cpython_selectors.py", "test_cpython_asyncio_loop.py",
     "test_cpython_asyncio_streams.py", "test_cpython_asyncio_sslproto.py",
     "test_cpython_asyncio_subprocess.py", "test_cpython_asyncio_windows_io.py",
+    "test_cpython_asyncio_base_events.py", "test_cpython_asyncio_unix_events.py",
+    "test_cpython_asyncio_events.py",
 })
 
 
