@@ -5,8 +5,8 @@ from ._bind import cpython_test_module, reexport
 
 reexport(globals(), cpython_test_module("test_asyncio.test_runners"))
 
-# No test of this module makes a loop of ours (conftest.py's check that each
-# module made one does not apply): up to 3.11 asyncio.run() and its Runner run
-# on a policy of the test's own whose loops are asyncio.BaseEventLoop with
-# mocks; later versions' tests make our Loop through the default policy.
+# No test of this module makes a loop of ours up to 3.12 (conftest.py's check
+# that each module made one does not apply): asyncio.run() and its Runner run
+# on a policy of the test's own, whose loops are asyncio.BaseEventLoop with
+# mocks; from 3.13 some of its tests make our Loop through the default policy.
 MAKES_NO_LOOP = True
