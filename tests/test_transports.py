@@ -1553,19 +1553,31 @@ class _TestTransports:
                 server.close()
                 return Told()
 
-            server = await loop.create_server(factory, LOCALHOST, 0, backlog=clients)
-            port = server.sockets[0].getsockname()[1]
-            streams = await asyncio.gather(*(asyncio.open_connection(LOCALHOST, port)
-                                             for _ in range(clients)))
-            await asyncio.wait_for(server.wait_closed(), 10)
-            if not self.own:
-                # asyncio's half-made transports close their sockets when
-                # they are collected.
-                gc.collect()
-            got = await asyncio.gather(*(asyncio.wait_for(reader.read(), 10)
-                                         for reader, _ in streams))
-            for _, writer in streams:
-                writer.close()
+            # Every client connected before the server serves: the loop's
+            # first accept takes them all in one batch (up to its backlog),
+            # so each meets the server closed by the first one's factory;
+            # none is left to be refused or reset by the listener's close.
+            listener = socket.socket()
+            listener.bind((LOCALHOST, 0))
+            listener.listen(clients)
+            clients_socks = []
+            try:
+                for _ in range(clients):
+                    sock = socket.create_connection(listener.getsockname(), timeout=10)
+                    sock.setblocking(False)
+                    clients_socks.append(sock)
+                server = await loop.create_server(factory, sock=listener, backlog=clients)
+                await asyncio.wait_for(server.wait_closed(), 10)
+                if not self.own:
+                    # asyncio's half-made transports close their sockets when
+                    # they are collected.
+                    gc.collect()
+                got = await asyncio.gather(*(asyncio.wait_for(loop.sock_recv(sock, 100), 10)
+                                             for sock in clients_socks))
+            finally:
+                listener.close()   # the server's: closed already, unless it never served
+                for sock in clients_socks:
+                    sock.close()
             return got
 
         previous = sys.unraisablehook
