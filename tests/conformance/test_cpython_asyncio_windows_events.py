@@ -6,3 +6,10 @@ excluded here (exclusions.txt)."""
 from ._bind import cpython_test_module, reexport
 
 reexport(globals(), cpython_test_module("test_asyncio.test_windows_events"))
+
+# No test of this module makes a loop of ours (conftest.py's check that each
+# module made one does not apply): on Windows its classes run asyncio's
+# proactor loop (excluded there: test_cpython_asyncio_windows_io.py binds
+# ProactorTests to our Loop) or set asyncio's own Windows policies and check
+# which stock loop each makes (WinPolicyTests).
+MAKES_NO_LOOP = True
