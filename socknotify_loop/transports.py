@@ -124,6 +124,9 @@ if sys.version_info >= (3, 14):
 else:
     _WRITE_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
 _DATAGRAM_TYPE_MESSAGE = "data argument must be a bytes-like object, not {!r}"
+# Python 3.12 gave the stream transport a writelines() of its own, which
+# checks end of file and sendfile before anything else, in its own words.
+_WRITELINES_CHECKS_FIRST = sys.version_info >= (3, 12)
 #: What DatagramTransport._sendto_checked answers for a datagram dropped
 #: or queued: nothing to send now.
 _DONE: Any = object()
@@ -133,19 +136,21 @@ _DONE: Any = object()
 # make an enum member on every read (an IntEnum lookup through four Python
 # frames), the C socket's own descriptors answer the number. Anything else
 # passed as a socket (a test's mock, as CPython's suites pass) is asked
-# for its attributes.
+# for its attributes. The test is of the object's real type, not
+# isinstance(): a mock made with spec=socket.socket claims the socket
+# class through its __class__, and the C descriptors refuse it.
 _c_family: Any = getattr(_socket.socket, "family", None)
 _c_type: Any = getattr(_socket.socket, "type", None)
 
 
 def _family_of(sock: Any) -> Any:
-    if _c_family is not None and isinstance(sock, _socket.socket):
+    if _c_family is not None and issubclass(type(sock), _socket.socket):
         return _c_family.__get__(sock)
     return sock.family
 
 
 def _type_of(sock: Any) -> Any:
-    if _c_type is not None and isinstance(sock, _socket.socket):
+    if _c_type is not None and issubclass(type(sock), _socket.socket):
         return _c_type.__get__(sock)
     return sock.type
 
@@ -201,7 +206,25 @@ class _Common:
     _buffer: Any
 
     def _setup(self, loop: Any, sock: socket.socket, protocol: Any,
-               extra: dict[str, Any] | None, server: Any, context: Any) -> None:
+               extra: dict[str, Any] | None, context: Any) -> None:
+        """The state both transports share. Each ``__init__`` sets its own
+        after it, then :meth:`_enter`: nothing outside the transport knows
+        of it before every attribute is set."""
+        self._loop = loop
+        self._sock = sock
+        self._server = None    # the server, once attached to it (_enter)
+        self._closing = False
+        self._can_send = False
+        self._sock_fd = sock.fileno()
+        self._context = context
+        self._protocol_connected = False
+        self._conn_lost = 0    # counts writes after the connection was lost
+        self._paused = False   # reading paused by pause_reading()
+        # Flow control of writes (asyncio's defaults: 64 KiB high, a
+        # quarter of it low).
+        self._protocol_paused = False
+        self._high_water = 64 * 1024
+        self._low_water = 16 * 1024
         self._extra = {} if extra is None else extra
         self._extra["socket"] = _TransportSocket(sock)
         try:
@@ -213,28 +236,27 @@ class _Common:
                 self._extra["peername"] = sock.getpeername()
             except OSError:
                 self._extra["peername"] = None
-        self._loop = loop
-        self._sock = sock
-        self._can_send = False
-        self._sock_fd = sock.fileno()
-        self._context = context
-        self.max_size = _MAX_SIZE   # the property below: sets _read_size too
-        self._protocol_connected = False
-        self._server = server
-        self._conn_lost = 0    # counts writes after the connection was lost
-        self._closing = False
-        self._paused = False   # reading paused by pause_reading()
-        # Flow control of writes (asyncio's defaults: 64 KiB high, a
-        # quarter of it low).
-        self._protocol_paused = False
-        self._high_water = 64 * 1024
-        self._low_water = 16 * 1024
+
+    def _enter(self, server: Any) -> None:
+        """The last step of ``__init__``: attach to ``server`` (asyncio's
+        Server refuses once closed: its _attach asserts that it still has
+        sockets, which a server closed while a connection was being
+        accepted has not) and join the loop's transports."""
         if server is not None:
             if _ATTACH_TAKES_TRANSPORT:
                 server._attach(self)
             else:
                 server._attach()
-        loop._transports[self._sock_fd] = self
+            self._server = server
+        self._loop._transports[self._sock_fd] = self
+
+    def _abandon(self, sock: Any) -> None:
+        """``__init__`` failed: the transport was never handed out, so its
+        socket is closed now, not by a finalizer (asyncio leaves it to the
+        transport's, which warns of an unclosed transport, or to the
+        socket's), and the peer sees the connection end at once."""
+        self._sock = None
+        sock.close()
 
     def _call_soon(self, callback: Any, *args: Any) -> None:
         if self._context is None:
@@ -307,15 +329,19 @@ class _Common:
         info = [type(self).__name__]
         if getattr(self, "_sock", None) is None:
             info.append("closed")
-        elif self._closing:
+        elif getattr(self, "_closing", False):
             info.append("closing")
-        info.append(f"fd={getattr(self, '_sock_fd', None)}")
+        fd = getattr(self, "_sock_fd", None)
+        info.append(f"fd={fd}")
         loop = getattr(self, "_loop", None)
-        if loop is not None and not loop.is_closed():
-            fd = self._sock_fd
+        if loop is not None and fd is not None and not loop.is_closed():
             info.append("read=polling" if _polling(loop, fd, 1) else "read=idle")
             state = "polling" if _polling(loop, fd, 2) else "idle"
-            info.append(f"write=<{state}, bufsize={self.get_write_buffer_size()}>")
+            try:
+                size = self.get_write_buffer_size()
+            except AttributeError:   # an __init__ that failed before the buffer
+                size = 0
+            info.append(f"write=<{state}, bufsize={size}>")
         return "<{}>".format(" ".join(info))
 
     def get_write_buffer_size(self) -> int:
@@ -367,11 +393,13 @@ class _Common:
     def __del__(self, _warn: Any = warnings.warn) -> None:
         sock = getattr(self, "_sock", None)
         if sock is not None:
-            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+            # Closed before the warning, which may raise (-W error) or, on
+            # an object that something left half made, fail to format.
             sock.close()
-            server = getattr(self, "_server", None)
+            server = getattr(self, "_server", None)   # set once attached
             if server is not None and _ATTACH_TAKES_TRANSPORT:
                 server._detach(self)
+            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
 
     def _fatal_error(self, exc: BaseException,
                      message: str = "Fatal error on transport") -> None:
@@ -395,10 +423,14 @@ class _Common:
         if self._buffer:
             self._buffer.clear()
             self._after_buffer_cleared()
-            self._loop._remove_writer(self._sock_fd)
-        if not self._closing:
-            self._closing = True
-            self._loop._remove_reader(self._sock_fd)
+        # Both removed whatever the buffer and the flags say (asyncio removes
+        # the writer only for a non-empty buffer, the reader only if not yet
+        # closing): an exception part way through a write or a close (a
+        # MemoryError, a signal handler's) may have left a writer with
+        # nothing buffered, or the flag set before its reader was removed.
+        self._closing = True
+        self._loop._remove_writer(self._sock_fd)
+        self._loop._remove_reader(self._sock_fd)
         self._conn_lost += 1
         self._update_can_send()
         self._call_soon(self._call_connection_lost, exc)
@@ -411,6 +443,14 @@ class _Common:
             if self._protocol_connected:
                 self._protocol.connection_lost(exc)
         finally:
+            # Nothing of this descriptor may stay in the selector once it is
+            # closed: the next socket given its number would meet the key
+            # (its registration failing underneath, the connection hung).
+            # The paths that got here removed both already; this holds
+            # whatever exception cut one of them short.
+            loop = self._loop
+            loop._remove_reader(self._sock_fd)
+            loop._remove_writer(self._sock_fd)
             self._sock.close()  # type: ignore[union-attr]  # once: _conn_lost guards
             self._sock = None
             self._protocol = None
@@ -484,13 +524,19 @@ class SocketTransport(_Common, asyncio.Transport):
                  extra: dict[str, Any] | None = None, server: Any = None,
                  context: Any = None) -> None:
         self._buffered = False
-        self._setup(loop, sock, protocol, extra, server, context)
-        self.set_protocol(protocol)
-        self._buffer = bytearray()
-        self._eof = False
-        self._empty_waiter: asyncio.Future[None] | None = None
+        try:
+            self._setup(loop, sock, protocol, extra, context)
+            self._buffer = bytearray()
+            self._eof = False
+            self._empty_waiter: asyncio.Future[None] | None = None
+            self.max_size = _MAX_SIZE   # the property: sets _read_size too
+            self.set_protocol(protocol)
+            _set_nodelay(sock)
+            self._enter(server)
+        except BaseException:
+            self._abandon(sock)
+            raise
         self._can_send = True
-        _set_nodelay(sock)
         self._start(waiter)
 
     def _reader(self) -> Any:
@@ -617,9 +663,10 @@ class SocketTransport(_Common, asyncio.Transport):
 
     def write(self, data: Any) -> None:
         """Send ``data`` now as far as the socket takes it, buffer the rest."""
-        if ((not self._can_send or type(data) is not bytes or not data)
-                and not self._write_checked(data)):
-            return
+        if not self._can_send or type(data) is not bytes or not data:
+            data = self._write_checked(data)
+            if data is None:
+                return
         try:
             n = self._sock.send(data)  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
@@ -633,18 +680,35 @@ class SocketTransport(_Common, asyncio.Transport):
             self._buffer_rest(data, n)
 
     def _buffer_rest(self, data: Any, n: int) -> None:
-        """What a direct send left: into the buffer, sent when writable."""
+        """What a direct send left: into the buffer, sent when writable.
+
+        In this order, so that an exception at any step (copying a large
+        rest may raise MemoryError; a signal handler may raise anywhere)
+        leaves a state the transport goes on from: ``_can_send`` off
+        first (a later write goes behind whatever got buffered), then the
+        writer, then the copy. A writer with nothing buffered sends nothing
+        and removes itself; a buffer without a writer would never drain,
+        and a close() would wait for it forever."""
+        self._can_send = False
         self._add_writer(self._write_ready)
         self._buffer.extend(memoryview(data)[n:])
-        self._can_send = False
         self._maybe_pause_protocol()
 
-    def _write_checked(self, data: Any) -> bool:
+    def _write_checked(self, data: Any) -> Any:
         """write()'s checks for every case but the plain one, in asyncio's
         order: the type, end of file, sendfile, empty data, a lost
         connection (counted, and logged past a threshold), data already
-        buffered (appended). True when ``data`` is to be sent now, by
-        write()'s one send."""
+        buffered (appended). Returns what write()'s one send is to send
+        now, or None.
+
+        A memoryview whose items are not single bytes, or that has more
+        than one dimension, is sent as the bytes it views: write() counts
+        what send() took, in bytes, against the data's ``len()``, which
+        counts such a view's items (its rows, for a 2-D one), and a
+        partial send would otherwise be taken for a whole one or cut at
+        the wrong place (asyncio's transport loses those bytes). A view
+        that is not C-contiguous is left as it is, for send() to refuse
+        with asyncio's BufferError."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(_WRITE_TYPE_MESSAGE.format(type(data).__name__))
         if self._eof:
@@ -652,25 +716,38 @@ class SocketTransport(_Common, asyncio.Transport):
         if self._empty_waiter is not None:
             raise RuntimeError("unable to write; sendfile is in progress")
         if not data:
-            return False
+            return None
         if self._conn_lost:
             if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
                 logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
             self._can_send = False
-            return False
+            return None
         if self._buffer:
-            self._buffer.extend(data)
+            self._buffer.extend(data)   # a view's bytes, whatever its items
             self._maybe_pause_protocol()
-            return False
-        return True
+            return None
+        if (type(data) is memoryview and (data.itemsize != 1 or data.ndim != 1)
+                and data.c_contiguous):
+            return data.cast("B")
+        return data
 
     def writelines(self, list_of_data: Any) -> None:
-        """Write the concatenation of ``list_of_data`` (one send, not many)."""
-        if self._eof:
-            raise RuntimeError("Cannot call writelines() after write_eof()")
-        if self._empty_waiter is not None:
-            raise RuntimeError("unable to writelines; sendfile is in progress")
+        """Write the concatenation of ``list_of_data`` (one send, not many).
+
+        With the running Python's checks, as write() has: asyncio up to
+        3.11 joins the list and calls write(), whose checks then refuse
+        (a list that does not join fails first); from 3.12 writelines()
+        checks end of file and sendfile first, in its own words, then
+        takes each item as a memoryview."""
+        if _WRITELINES_CHECKS_FIRST:
+            if self._eof:
+                raise RuntimeError("Cannot call writelines() after write_eof()")
+            if self._empty_waiter is not None:
+                raise RuntimeError("unable to writelines; sendfile is in progress")
+            if not list_of_data:
+                return
+            list_of_data = [memoryview(data) for data in list_of_data]
         self.write(b"".join(list_of_data))
 
     def _write_ready(self) -> None:
@@ -754,11 +831,17 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
     def __init__(self, loop: Any, sock: socket.socket, protocol: Any,
                  address: Any = None, waiter: asyncio.Future[None] | None = None,
                  extra: dict[str, Any] | None = None) -> None:
-        self._setup(loop, sock, protocol, extra, None, None)
-        self.set_protocol(protocol)
-        self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
-        self._address = address
-        self._buffer_size = 0
+        try:
+            self._setup(loop, sock, protocol, extra, None)
+            self._buffer: collections.deque[tuple[bytes, Any]] = collections.deque()
+            self._address = address
+            self._buffer_size = 0
+            self.max_size = _MAX_SIZE   # the property: sets _read_size too
+            self.set_protocol(protocol)
+            self._enter(None)
+        except BaseException:
+            self._abandon(sock)
+            raise
         # Connected (to ``address`` or already): send(), not sendto().
         self._connected = bool(self._extra["peername"])
         # A connected IPv4 socket receives from its peer alone (connect(2):
@@ -889,15 +972,24 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
         return addr
 
     def _queue(self, data: Any, addr: Any) -> None:
-        """A datagram into the queue, sent once the socket is writable."""
-        # A copy: the caller may reuse a mutable buffer.
-        self._buffer.append((bytes(data), addr))
+        """A datagram into the queue, sent once the socket is writable.
+
+        ``_can_send`` goes off first, as in the stream transport's
+        ``_buffer_rest``: whatever step an exception cuts short, a later
+        datagram is not sent ahead of a queued one."""
         self._can_send = False
+        # A copy: the caller may reuse a mutable buffer. Its length is
+        # what is counted, added here and taken back when it is sent (a
+        # memoryview's len() counts its items, not its bytes).
+        data = bytes(data)
+        self._buffer.append((data, addr))
         self._buffer_size += len(data) + _DATAGRAM_HEADER
         self._maybe_pause_protocol()
 
     def _sendto_ready(self) -> None:
         """Writable with datagrams queued: send them in order."""
+        if self._conn_lost:
+            return
         buffer = self._buffer
         while buffer:
             data, addr = buffer.popleft()
@@ -932,6 +1024,9 @@ class DatagramTransport(_Common, asyncio.Transport, asyncio.DatagramTransport):
             self._update_can_send()
             self._loop._remove_writer(self._sock_fd)
             if self._closing:
+                # close() with datagrams queued: they are out, now close.
+                self._conn_lost += 1
+                self._can_send = False
                 self._call_connection_lost(None)
 
 

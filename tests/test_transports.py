@@ -7,6 +7,7 @@ asyncio, the reference: a test that fails on the reference is wrong.
 """
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import errno
@@ -299,6 +300,83 @@ _FAILURES = [
     lambda: OSError(errno.ENOMEM, os.strerror(errno.ENOMEM)),
     ConnectionResetError,
 ]
+
+
+class _SendsLittle(socket.socket):
+    """A socket whose ``send`` (and ``sendmsg``, asyncio 3.12+'s way of
+    sending its buffer) takes at most ``LIMIT`` bytes: a longer write is
+    always left partly in the transport's buffer, whatever the platform's
+    socket buffers would have taken."""
+
+    LIMIT = 1000
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock.family, sock.type, sock.proto, fileno=sock.detach())
+
+    def send(self, data: Any, *flags: Any) -> int:   # type: ignore[override]
+        return super().send(memoryview(data).cast("B")[:self.LIMIT], *flags)
+
+    def sendmsg(self, buffers: Any, *args: Any) -> int:   # type: ignore[override]
+        left, views = self.LIMIT, []
+        for buffer in buffers:
+            view = memoryview(buffer).cast("B")[:left]
+            views.append(view)
+            left -= len(view)
+            if not left:
+                break
+        return super().sendmsg(views, *args)
+
+
+class _HandlerRaised(Exception):
+    """What a Python signal handler may raise in the middle of any code."""
+
+
+#: What may interrupt a write part way: the allocator, a signal handler's
+#: exception, Ctrl+C's KeyboardInterrupt.
+_PART_WAY = [MemoryError, lambda: _HandlerRaised("raised by a signal handler"), Interrupt]
+
+
+class _RaiseAt:
+    """A profile function (``sys.setprofile``) that raises ``exc`` at the
+    ``at``-th event (a call, a return, a C call or a C return) of the
+    transport's own code (its module, where asyncio keeps its loop's too)
+    or of a socket method of this file: in turn at every step of a write,
+    before and after each call it makes, as an allocation failing or a
+    signal handler raising there would. A profile function's exception
+    replaces the call or the return it was told of, and is raised once:
+    the function takes itself off first."""
+
+    def __init__(self, transport: Any, at: int, exc: BaseException) -> None:
+        self.files = {sys.modules[type(transport).__module__].__file__}
+        self.codes = {_SendsLittle.send.__code__, _SendsLittle.sendmsg.__code__,
+                      FaultySocket.send.__code__, FaultySocket.sendto.__code__,
+                      FaultySocket._fault.__code__}
+        self.at = at
+        self.exc = exc
+        self.seen = 0
+        self.fired: Optional[str] = None
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if code in self.codes or code.co_filename in self.files:
+            self.seen += 1
+            if self.seen == self.at:
+                sys.setprofile(None)
+                self.fired = f"{event} in {code.co_name} {getattr(arg, '__name__', '')}".strip()
+                raise self.exc
+
+    def run(self, action: Any) -> None:
+        """``action()`` with the exception raised at its event, caught here
+        if the transport let it through."""
+        previous = sys.getprofile()
+        sys.setprofile(self)
+        try:
+            action()
+        except BaseException as exc:   # noqa: B036  # KeyboardInterrupt too, by design
+            if exc is not self.exc:
+                raise
+        finally:
+            sys.setprofile(previous)
 
 
 class _TestTransports:
@@ -1614,6 +1692,401 @@ class _TestTransports:
             self.run_loop(main(), timeout=60)
             del self.loop_exceptions[:]
 
+    # -- a server closed while it accepts -----------------------------------------------
+
+    def check_server_closed_during_accept(self, clients: int) -> None:
+        """The protocol factory closes the server: the transport of each
+        connection being accepted meets a closed server, which refuses it
+        (asyncio's Server._attach asserts it is open). As with asyncio,
+        nothing reaches the exception handler (the loop's accept drops
+        the error; debug mode reports it), no protocol is told of a
+        connection, the server closes; every client sees its connection
+        end. The loop's own transport closes the socket itself, at once:
+        no finalizer is left to close it (with a ResourceWarning), and none
+        fails ("Exception ignored in __del__", a half-made transport's repr
+        once meeting no _buffer)."""
+        unraisable: List[Any] = []
+        made: List[Any] = []
+
+        class Told(asyncio.Protocol):
+            def connection_made(self, transport: Any) -> None:
+                made.append(transport)
+
+        async def main() -> List[bytes]:
+            loop = asyncio.get_running_loop()
+            server: Any = None
+
+            def factory() -> asyncio.Protocol:
+                server.close()
+                return Told()
+
+            # Every client connected before the server serves: the loop's
+            # first accept takes them all in one batch (up to its backlog),
+            # so each meets the server closed by the first one's factory;
+            # none is left to be refused or reset by the listener's close.
+            listener = socket.socket()
+            listener.bind((LOCALHOST, 0))
+            listener.listen(clients)
+            clients_socks = []
+            try:
+                for _ in range(clients):
+                    sock = socket.create_connection(listener.getsockname(), timeout=10)
+                    sock.setblocking(False)
+                    clients_socks.append(sock)
+                server = await loop.create_server(factory, sock=listener, backlog=clients)
+                await asyncio.wait_for(server.wait_closed(), 10)
+                if not self.own:
+                    # asyncio's half-made transports close their sockets when
+                    # they are collected.
+                    gc.collect()
+                got = await asyncio.gather(*(asyncio.wait_for(loop.sock_recv(sock, 100), 10)
+                                             for sock in clients_socks))
+            finally:
+                listener.close()   # the server's: closed already, unless it never served
+                for sock in clients_socks:
+                    sock.close()
+            return got
+
+        previous = sys.unraisablehook
+        sys.unraisablehook = unraisable.append
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ResourceWarning)
+                got = self.run_loop(main())
+                gc.collect()
+        finally:
+            sys.unraisablehook = previous
+        self.assertEqual(got, [b""] * clients)
+        self.assertEqual(made, [])
+        self.assertEqual(self.loop_exceptions, [])
+        if unraisable:
+            self.stock_fails_too(
+                "a transport that never attached detaches itself when collected",
+                AssertionError(f"{unraisable[0].exc_value!r} in {unraisable[0].object!r}"))
+        if self.own:
+            self.assertEqual([str(w.message) for w in caught
+                              if issubclass(w.category, ResourceWarning)], [])
+
+    def test_a_server_closed_by_its_protocol_factory(self):
+        self.check_server_closed_during_accept(1)
+
+    def test_a_server_closed_while_it_accepts_many(self):
+        """Shutdown under load: 40 connections waiting to be accepted when
+        the first one's factory closes the server."""
+        self.check_server_closed_during_accept(40)
+
+    # -- writelines: asyncio's checks, the running version's -------------------------
+
+    def test_writelines_refused_as_by_this_pythons_asyncio(self):
+        """After write_eof(): asyncio up to 3.11 joins the list and calls
+        write(), which refuses with write()'s message (and a list of
+        non-bytes fails the join first); 3.12 checks in writelines() with
+        its own message, before anything else."""
+        async def main() -> None:
+            server, client, peer = await self.pair(server_factory=lambda: Recorder(keep_open=True))
+            tr = client.transport
+            tr.writelines([])   # nothing to send: no error
+            tr.write_eof()
+            name = "writelines" if sys.version_info >= (3, 12) else "write"
+            message = f"Cannot call {name}() after write_eof()"
+            for lines in ([b"x"], [], [memoryview(b"y")]):
+                with self.assertRaises(RuntimeError) as caught:
+                    tr.writelines(lines)
+                self.assertEqual(str(caught.exception), message)
+            with self.assertRaises(RuntimeError if sys.version_info >= (3, 12) else TypeError):
+                tr.writelines([1])
+            await asyncio.wait_for(peer.eof, 10)
+            peer.transport.close()
+            await asyncio.wait_for(client.lost, 10)
+            await asyncio.wait_for(peer.lost, 10)
+            server.close()
+            await server.wait_closed()
+
+        self.run_loop(main())
+
+    @skip_unless_posix
+    def test_writelines_during_sendfile_refused_as_by_this_pythons_asyncio(self):
+        """While a native sendfile holds the transport: write()'s message
+        up to 3.11 (writelines() calls write()), writelines()'s own from
+        3.12."""
+        async def main() -> None:
+            server, client, peer = await self.pair()
+            tr = client.transport
+            peer.transport.pause_reading()   # the file waits in the socket
+            with tempfile.TemporaryFile() as f:
+                payload = pattern(BIG, seed=29)
+                f.write(payload)
+                f.seek(0)
+                sending = asyncio.ensure_future(self.loop.sendfile(tr, f))
+
+                def in_progress() -> bool:
+                    try:
+                        tr.write(b"")   # refused only while sendfile holds it
+                    except RuntimeError:
+                        return True
+                    return False
+
+                await self.until(in_progress, timeout=10)
+                name = "writelines" if sys.version_info >= (3, 12) else "write"
+                for lines in ([b"x"], []):
+                    with self.assertRaises(RuntimeError) as caught:
+                        tr.writelines(lines)
+                    self.assertEqual(str(caught.exception),
+                                     f"unable to {name}; sendfile is in progress")
+                peer.transport.resume_reading()
+                self.assertEqual(await asyncio.wait_for(sending, 60), BIG)
+            tr.close()
+            await asyncio.wait_for(peer.lost, 30)
+            self.assertEqual(bytes(peer.data), payload)
+            server.close()
+            await server.wait_closed()
+
+        self.run_loop(main(), timeout=90)
+
+    # -- memoryviews of any format and shape ------------------------------------------
+
+    def test_a_partly_sent_memoryview_arrives_byte_for_byte(self):
+        """A memoryview is written as the bytes it views, whatever its
+        items and shape, also when the socket takes only part of it: views
+        of 4-byte items ('I') and 2-D ones, by write() with nothing
+        buffered and behind buffered data, and by writelines(). (Counting
+        the part sent in bytes against a length in items once lost 3n
+        bytes of an 'I' view sent n bytes short, and whole rows of a 2-D
+        one.)"""
+        items = array.array("I", range(2500))   # 10,000 bytes
+        flat = memoryview(items)
+        grid = flat.cast("B").cast("I", (25, 100))
+        columns = flat.cast("B").cast("H", (50, 100))
+        self.assertEqual((len(flat), len(grid), flat.nbytes), (2500, 25, 10_000))
+        # asyncio's transport from 3.12 keeps the views and fails on its
+        # own count (IndexError, a fatal write error), or loses bytes.
+        self.expect_loop_exceptions = not self.own
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            a, b = socket.socketpair()
+            transport, proto = await loop.connect_accepted_socket(Recorder, sock=_SendsLittle(a))
+            peer_tr, peer = await loop.connect_accepted_socket(Recorder, sock=b)
+            expected = bytearray()
+            for view in (flat, grid, columns):
+                # Alone (each waits for the buffer to drain first), then
+                # behind buffered data, then in a list.
+                transport.write(view)
+                expected += view.tobytes()
+                await self.until(lambda: transport.get_write_buffer_size() == 0, timeout=10)
+                transport.write(b"<")
+                transport.write(view)
+                expected += b"<" + view.tobytes()
+                await self.until(lambda: transport.get_write_buffer_size() == 0, timeout=10)
+                transport.writelines([view, b">", view])
+                expected += view.tobytes() + b">" + view.tobytes()
+            transport.write_eof()
+            await asyncio.wait_for(peer.eof, 10)
+            got = bytes(peer.data)
+            transport.close()
+            peer_tr.close()
+            await asyncio.wait_for(proto.lost, 10)
+            await asyncio.wait_for(peer.lost, 10)
+            if got != expected:
+                self.stock_fails_too(
+                    "a view's length is counted in items, what send() took in bytes",
+                    AssertionError(f"{len(got)} bytes arrived of {len(expected)}"))
+
+        try:
+            self.run_loop(main())
+        except Exception as failure:
+            self.stock_fails_too("a view's length is counted in items", failure)
+        self.assertEqual(self.loop_exceptions, [])
+
+    def test_a_non_contiguous_memoryview_fails_the_write_as_with_asyncio(self):
+        """A view the socket cannot send (not C-contiguous: every other
+        byte, say) is a fatal write error, BufferError, as asyncio's
+        direct send makes it; nothing of it is sent."""
+        self.expect_loop_exceptions = True
+
+        async def main() -> None:
+            server, client, peer = await self.pair()
+            view = memoryview(b"abcdefgh")[::2]
+            client.transport.write(view)
+            exc = await asyncio.wait_for(client.lost, 10)
+            self.assertIsInstance(exc, BufferError)
+            self.assertEqual([c["message"] for c in self.loop_exceptions],
+                             ["Fatal write error on socket transport"])
+            self.assertIs(self.loop_exceptions[0]["exception"], exc)
+            await asyncio.wait_for(peer.lost, 10)
+            self.assertEqual(bytes(peer.data), b"")
+            server.close()
+            await server.wait_closed()
+
+        self.run_loop(main())
+
+    def test_a_queued_memoryview_datagram_is_counted_in_bytes(self):
+        """A datagram that waits in the queue counts its bytes in the
+        write buffer's size, and the size goes back to what it was once
+        it is sent (a memoryview of 4-byte items was counted by its items
+        and taken back by its bytes: the size went below zero)."""
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            peer.bind((LOCALHOST, 0))
+            peer.setblocking(False)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind((LOCALHOST, 0))
+            sock.connect(peer.getsockname())
+            faulty = FaultySocket(sock, {"send": {1: BlockingIOError()}})
+            try:
+                transport, proto = await loop.create_datagram_endpoint(_Datagrams, sock=faulty)
+                empty = transport.get_write_buffer_size()
+                view = memoryview(array.array("I", range(100)))
+                transport.sendto(view)   # refused at once: queued
+                self.assertEqual(len(transport._buffer), 1)
+                queued = transport.get_write_buffer_size() - empty
+                got = await asyncio.wait_for(loop.sock_recv(peer, 1000), 10)
+                self.assertEqual(got, view.tobytes())
+                await self.until(lambda: not transport._buffer)
+                after = transport.get_write_buffer_size()
+                transport.close()
+                await asyncio.wait_for(proto.lost, 10)
+            finally:
+                peer.close()
+            if queued < 400 or after != empty:
+                self.stock_fails_too("a view's length is counted in items", AssertionError(
+                    f"queued {queued} for 400 bytes, {after - empty} left once sent"))
+
+        self.run_loop(main())
+
+    # -- an exception part way through a write -------------------------------------
+
+    def stock_fails_too(self, what: str, failure: BaseException) -> None:
+        """asyncio's transport fails this check too (the loop's own is held
+        to it): an expected failure on the bindings to asyncio's transport,
+        a failure on the loop's own."""
+        if self.own:
+            raise failure
+        pytest.xfail(f"asyncio's transport fails it too ({what}): {failure}")
+
+    async def sweep_write(self, act: Any, ending: str, make: Any,
+                          datagram: bool = False) -> int:
+        """``act(transport)`` once with an exception (``make()``) raised at
+        each step in turn (:class:`_RaiseAt`), then ``transport.<ending>()``:
+        the connection must be lost and its descriptor out of the selector
+        every time, whatever the step. Returns the steps tried."""
+        loop = asyncio.get_running_loop()
+        at = 0
+        while True:
+            at += 1
+            if datagram:
+                peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                peer.bind((LOCALHOST, 0))
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind((LOCALHOST, 0))
+                sock.connect(peer.getsockname())
+                # The first send is refused: the datagram is queued.
+                faulty: Any = FaultySocket(sock, {"send": {1: BlockingIOError()}})
+                transport, proto = await loop.create_datagram_endpoint(_Datagrams, sock=faulty)
+                peer_tr: Any = None
+            else:
+                a, b = socket.socketpair()
+                faulty = _SendsLittle(a)
+                transport, proto = await loop.connect_accepted_socket(Recorder, sock=faulty)
+                peer_tr, peer_proto = await loop.connect_accepted_socket(Recorder, sock=b)
+            await asyncio.sleep(0)
+            fd = faulty.fileno()
+            raiser = _RaiseAt(transport, at, make())
+            raiser.run(lambda transport=transport: act(transport))
+            getattr(transport, ending)()
+            await asyncio.wait_for(proto.lost, 10)
+            if datagram:
+                peer.close()
+            else:
+                peer_tr.close()
+                await asyncio.wait_for(peer_proto.lost, 10)
+            if fd in self.loop._selector.get_map():   # type: ignore[attr-defined]
+                raise AssertionError(
+                    f"descriptor {fd} left in the selector after {ending}(), the "
+                    f"{type(raiser.exc).__name__} raised at step {at} ({raiser.fired})")
+            if raiser.fired is None:
+                return at - 1   # every step was tried
+
+    async def reuse_a_descriptor(self) -> None:
+        """A new connection, likely on a descriptor number just freed,
+        carries data both ways (a key left behind for that number made
+        the loop's registration of its reader fail)."""
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        tr_a, rec_a = await loop.connect_accepted_socket(Recorder, sock=a)
+        tr_b, rec_b = await loop.connect_accepted_socket(Recorder, sock=b)
+        tr_a.write(b"ping")
+        tr_b.write(b"pong")
+        await self.until(lambda: bytes(rec_b.data) == b"ping" and bytes(rec_a.data) == b"pong",
+                         timeout=10)
+        tr_a.close()
+        await asyncio.wait_for(rec_b.lost, 10)
+        tr_b.close()
+        await asyncio.wait_for(rec_a.lost, 10)
+
+    def check_part_way(self, acts: Dict[str, Any], datagram: bool = False) -> None:
+        self.expect_loop_exceptions = True
+        del self.loop_exceptions[:]
+        injected: List[BaseException] = []
+
+        def recording(make: Any) -> Any:
+            def make_and_keep() -> BaseException:
+                exc = make()
+                injected.append(exc)
+                return exc
+            return make_and_keep
+
+        async def main() -> None:
+            for name, act in acts.items():
+                for ending in ("abort", "close"):
+                    for make in _PART_WAY:
+                        try:
+                            steps = await self.sweep_write(act, ending, recording(make),
+                                                           datagram)
+                        except AssertionError as failure:
+                            self.stock_fails_too(f"{name}, then {ending}()", failure)
+                        self.assertGreater(steps, 5, name)
+                        await self.reuse_a_descriptor()
+
+        self.run_loop(main(), timeout=110)
+        # The exception handler heard of no failure but the injected ones
+        # (a send's is a fatal write error, as a socket's would be).
+        for context in self.loop_exceptions:
+            self.assertTrue(any(context.get("exception") is exc for exc in injected), context)
+
+    def test_an_exception_part_way_through_a_write_leaves_nothing_registered(self):
+        """MemoryError, a signal handler's exception or KeyboardInterrupt at
+        any step of write() or writelines() (a direct send that leaves part
+        of the data, or a write behind data already buffered): after abort()
+        or close() the connection is lost and its descriptor is out of the
+        selector. (A MemoryError from growing the buffer once left the
+        writer registered after abort(): the next socket given that
+        descriptor number hung, its reader's registration failing.)"""
+        payload = pattern(3 * _SendsLittle.LIMIT + 1, seed=23)
+
+        def write_behind_buffered(transport: Any) -> None:
+            transport.write(payload[:1])   # outside the sweep: nothing raised there
+            transport.write(payload)
+
+        def first_write(transport: Any) -> None:
+            transport.write(payload)
+
+        def writelines(transport: Any) -> None:
+            transport.writelines([payload[:1500], payload[1500:]])
+
+        acts = {"write": first_write, "writelines": writelines}
+        self.check_part_way(acts)
+        # The write behind buffered data, swept apart: its first write runs
+        # under the sweep too, so it starts where the first write's steps end.
+        self.check_part_way({"write behind buffered data": write_behind_buffered})
+
+    def test_an_exception_part_way_through_a_sendto_leaves_nothing_registered(self):
+        """The same for a datagram that the socket refuses at once
+        (BlockingIOError) and that sendto() queues."""
+        self.check_part_way({"sendto": lambda transport: transport.sendto(b"datagram")},
+                            datagram=True)
+
     # -- many connections ------------------------------------------------------------
 
     @pytest.mark.timeout(600)   # above many_bound: the file-wide 120 s is too short under Wine
@@ -1824,3 +2297,55 @@ def test_nodelay_is_set_on_tcp_sockets_only_and_a_mock_socket_is_accepted():
     fake.proto = socket.IPPROTO_TCP
     transports_module._set_nodelay(fake)
     fake.setsockopt.assert_called_once_with(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def test_a_socket_like_object_that_claims_the_socket_class_is_accepted():
+    """A mock made with ``spec=socket.socket`` answers ``isinstance`` as a
+    socket would (its ``__class__`` is the spec), but the C socket's own
+    descriptors refuse it (TypeError: descriptor 'family' ... doesn't
+    apply to a 'MagicMock' object). asyncio's transport asks such an
+    object for its attributes, and CPython's test_base_events hands its
+    loop one (create_connection and create_datagram_endpoint with
+    socket.socket patched): the loop's own transports are made on it
+    too, the family and type read as plain attributes."""
+    from unittest import mock
+
+    from socknotify_loop import transports as transports_module
+    for family in (socket.AF_INET, socket.AF_INET6):
+        fake = mock.MagicMock(spec=socket.socket)
+        fake.family = family
+        fake.type = socket.SOCK_STREAM
+        fake.proto = socket.IPPROTO_TCP
+        assert isinstance(fake, socket.socket)
+        assert transports_module._family_of(fake) == family
+        assert transports_module._type_of(fake) == socket.SOCK_STREAM
+        transports_module._set_nodelay(fake)
+        fake.setsockopt.assert_called_once_with(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    loop = Loop(transports="own")
+    try:
+        # As CPython's tests do: the loop's reader and writer registrations
+        # are mocks too, the mock socket's descriptor being no real one.
+        loop._add_reader = mock.Mock()   # type: ignore[method-assign]
+        loop._add_writer = mock.Mock()   # type: ignore[method-assign]
+        stream = mock.MagicMock(spec=socket.socket)
+        stream.family, stream.type, stream.proto = (
+            socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        stream.fileno.return_value = 1000
+        transport = loop._make_socket_transport(stream, asyncio.Protocol())
+        assert isinstance(transport, SocketTransport)
+        stream.setsockopt.assert_called_once_with(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        datagram = mock.MagicMock(spec=socket.socket)
+        datagram.family, datagram.type = socket.AF_INET, socket.SOCK_DGRAM
+        datagram.fileno.return_value = 1001
+        datagram.getpeername.return_value = ("127.0.0.1", 9)
+        endpoint = loop._make_datagram_transport(datagram, asyncio.DatagramProtocol())
+        assert isinstance(endpoint, DatagramTransport)
+        loop.run_until_complete(asyncio.sleep(0))
+        loop._add_reader.assert_any_call(1000, transport._read)
+        transport.abort()
+        endpoint.abort()
+        loop.run_until_complete(asyncio.sleep(0))
+        stream.close.assert_called_once_with()
+        datagram.close.assert_called_once_with()
+    finally:
+        loop.close()

@@ -44,11 +44,13 @@ def bound_class(name: str, bases: tuple, factory_name: str, factory) -> type:
                               "__module__": sys._getframe(1).f_globals["__name__"]})
 
 
-def reexport(namespace: dict, module) -> list:
-    """Copy the TestCase classes ``module`` defines into ``namespace``.
+def reexport(namespace: dict, module, prefix: str = "") -> list:
+    """Copy the TestCase classes ``module`` defines into ``namespace``
+    (each under ``prefix`` + its name).
 
-    For suites whose tests build loops with ``asyncio.new_event_loop()``
-    or a policy: conftest.py makes our loop the default while they run.
+    For suites whose tests build loops with ``asyncio.new_event_loop()``,
+    a policy or ``asyncio.SelectorEventLoop()``: conftest.py makes our
+    loop the default while they run.
     """
     import asyncio
     import unittest
@@ -65,6 +67,6 @@ def reexport(namespace: dict, module) -> list:
                 # ours, or they would test the stock loop.
                 value = type(name, (value,), {"loop_factory": Loop,
                                               "__module__": namespace["__name__"]})
-            namespace[name] = value
-            names.append(name)
+            namespace[prefix + name] = value
+            names.append(prefix + name)
     return names

@@ -2,11 +2,15 @@
 
 - Exclusions: every test that cannot apply is listed in ``exclusions.txt``
   with its reason; it is skipped with that reason, nothing else is.
-- Modules that build their loops with ``asyncio.new_event_loop()`` (not a
-  factory method) are run with our policy made the default for the duration
-  of each test, and every such module must have created at least one of our
-  loops, or the run fails: a binding that silently tested the stock loop
-  would otherwise pass unnoticed.
+- Modules that build their loops with ``asyncio.new_event_loop()``, a
+  policy, ``asyncio.EventLoop()`` or ``asyncio.SelectorEventLoop()`` (not a
+  factory method of ours) are run with our Loop made what those give for
+  the duration of each test, and every module one of whose tests ran must
+  have created at least one of our loops, or the run fails: a binding that
+  silently tested the stock loop would otherwise pass unnoticed. A module
+  whose tests make no loop at all (asyncio's own code on mocks and
+  simulated loops) says so with ``MAKES_NO_LOOP`` and why; one that binds
+  our selector alone with ``BINDS_SELECTOR_ONLY``.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import sys
 import pytest
 
 from socknotify_loop import Loop
+from socknotify_loop.selector import NotifySelector
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _created = {}   # module name -> number of our loops created by its tests
@@ -71,14 +76,24 @@ EXCLUSIONS = _load_exclusions()
 #: SOCKNOTIFY_CONFORMANCE=light (tox.ini sets it on the middle Python
 #: versions, to keep CI's time): only the modules that drive the loop's own
 #: machinery (its selector, sockets, transports, subprocesses and pipes, SSL
-#: over its transports) run. The rest (tasks, task groups, locks, queues,
-#: timeouts, wait_for, to_thread) test asyncio's own code on top of any loop;
-#: they run whole on the oldest and the newest version and on Windows.
-#: Unset or ``full``: every module.
+#: over its transports; test_base_events' connections and endpoints made on
+#: the loop's transports with mocked sockets, test_unix_events' signal
+#: handlers and pipe transports on the loop, test_events' handles, policies
+#: and get_event_loop() around it, all three a few seconds) run. The rest
+#: test asyncio's own code on top of any loop (tasks, task groups, locks,
+#: queues, timeouts, wait_for, to_thread, runners, contexts, staggered and
+#: eager tasks) or on mocks and simulated loops only (futures, whose three
+#: test_future_del_collect make a hundred full garbage collections each,
+#: 20 s apiece in a process holding every conformance module; pep492,
+#: protocols, transports, selector_events, proactor_events); they run
+#: whole on the oldest and the newest version and on Windows. Unset or
+#: ``full``: every module.
 LIGHT_MODULES = frozenset({
     "test_cpython_selectors.py", "test_cpython_asyncio_loop.py",
     "test_cpython_asyncio_streams.py", "test_cpython_asyncio_sslproto.py",
     "test_cpython_asyncio_subprocess.py", "test_cpython_asyncio_windows_io.py",
+    "test_cpython_asyncio_base_events.py", "test_cpython_asyncio_unix_events.py",
+    "test_cpython_asyncio_events.py",
 })
 
 
@@ -169,6 +184,36 @@ else:
     _set_policy = asyncio.set_event_loop_policy
 
 
+_StockSelectorEventLoop = asyncio.SelectorEventLoop
+
+
+class _SelectorEventLoopMeta(type):
+    """What ``asyncio.SelectorEventLoop`` is while a conformance test runs.
+
+    Called without a selector (what CPython's tests mean by the platform's
+    selector loop: test_base_events', test_unix_events' and test_sslproto's
+    set-ups, among others), it makes our Loop; with a NotifySelector, our
+    Loop on it; with any other selector (a stock one, or a test's mock,
+    which our Loop refuses), asyncio's own loop on it, the loop that test
+    is about. ``isinstance`` and ``issubclass`` answer as for asyncio's
+    class, of which our Loop is a subclass."""
+
+    def __call__(cls, selector=None):
+        if selector is None or isinstance(selector, NotifySelector):
+            return Loop(selector)
+        return _StockSelectorEventLoop(selector)
+
+    def __instancecheck__(cls, instance) -> bool:
+        return isinstance(instance, _StockSelectorEventLoop)
+
+    def __subclasscheck__(cls, subclass) -> bool:
+        return issubclass(subclass, _StockSelectorEventLoop)
+
+
+class _SelectorEventLoop(metaclass=_SelectorEventLoopMeta):
+    """asyncio.SelectorEventLoop's stand-in (see its metaclass)."""
+
+
 class _ConformancePolicy(_StockDefaultPolicy):
     """The platform's default policy (child watchers and all on Unix),
     creating our Loop: what CPython's tests expect a default policy to be."""
@@ -188,17 +233,19 @@ def _our_loop_by_default(request, monkeypatch):
 
     monkeypatch.setattr(Loop, "__init__", counting_init)
     if _PLATFORM_EVENTS is not None:
+        # asyncio.DefaultEventLoopPolicy itself is left to asyncio's module
+        # __getattr__, which serves this name of the platform module with
+        # its DeprecationWarning (test_events' PolicyTests expects it): a
+        # name put in asyncio's dict would hide both.
         monkeypatch.setattr(_PLATFORM_EVENTS, "_DefaultEventLoopPolicy", _ConformancePolicy)
-        # Not setattr: reading the old value through asyncio's module
-        # __getattr__ would warn. Absent from the module's dict, it is
-        # removed again afterwards.
-        monkeypatch.setitem(vars(asyncio), "DefaultEventLoopPolicy", _ConformancePolicy)
     else:
         monkeypatch.setattr(asyncio, "DefaultEventLoopPolicy", _ConformancePolicy)
     monkeypatch.setattr(asyncio.events, "_event_loop_policy", None, raising=False)
     if hasattr(asyncio, "EventLoop"):
         # 3.13+: tests that build asyncio.EventLoop() themselves get ours.
         monkeypatch.setattr(asyncio, "EventLoop", Loop)
+    # Tests that build asyncio.SelectorEventLoop() themselves get ours too.
+    monkeypatch.setattr(asyncio, "SelectorEventLoop", _SelectorEventLoop)
     # CPython's suites run on a policy whose set_event_loop(None) has been
     # called by an earlier test's tearDown; some tests depend on that
     # (get_event_loop() then raises instead of creating a loop).
@@ -207,10 +254,22 @@ def _our_loop_by_default(request, monkeypatch):
     _set_policy(None)
 
 
+_ran = set()   # node ids of the tests that ran (not skipped, by a mark or at run time)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and not report.skipped:
+        _ran.add(report.nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    # A module counts once one of its tests ran: one whose every test was
+    # skipped (excluded, or skipped by CPython's suite on this platform)
+    # made no loop because it ran nothing.
     ran = {item.module.__name__ for item in session.items
-           if "conformance" in item.nodeid and not item.get_closest_marker("skip")
-           and not getattr(item.module, "BINDS_SELECTOR_ONLY", False)}
+           if "conformance" in item.nodeid and item.nodeid in _ran
+           and not getattr(item.module, "BINDS_SELECTOR_ONLY", False)
+           and not getattr(item.module, "MAKES_NO_LOOP", False)}
     silent = sorted(m for m in ran if not _created.get(m))
     if silent and exitstatus == 0 and not session.config.option.collectonly:
         print(f"\nconformance: these modules never created a socknotify_loop Loop: {silent}")

@@ -1,0 +1,12 @@
+"""CPython's test_asyncio.test_futures, run with our Loop as the default loop
+(conftest.py makes asyncio's default policy, asyncio.new_event_loop() and
+asyncio.SelectorEventLoop() create it)."""
+from ._bind import cpython_test_module, reexport
+
+reexport(globals(), cpython_test_module("test_asyncio.test_futures"))
+
+# No test of this module makes a loop of ours (conftest.py's check that each
+# module made one does not apply): asyncio's Future and its C twin on
+# test_utils.TestLoop (a simulated loop with a mocked selector) and on mocks:
+# no test makes a real loop.
+MAKES_NO_LOOP = True

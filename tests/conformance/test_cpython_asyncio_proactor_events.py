@@ -1,0 +1,11 @@
+"""CPython's test_asyncio.test_proactor_events, run with our Loop as the default loop
+(conftest.py makes asyncio's default policy, asyncio.new_event_loop() and
+asyncio.SelectorEventLoop() create it)."""
+from ._bind import cpython_test_module, reexport
+
+reexport(globals(), cpython_test_module("test_asyncio.test_proactor_events"))
+
+# No test of this module makes a loop of ours (conftest.py's check that each
+# module made one does not apply): asyncio's proactor loop and transports on a
+# mocked proactor: no test makes a selector loop.
+MAKES_NO_LOOP = True
