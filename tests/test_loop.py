@@ -539,12 +539,23 @@ class _TestTimers:
                "huge": 1e300, "-huge": -1e300}
 
     def _fire_order(self, loop: asyncio.AbstractEventLoop, delays: list) -> list:
-        """One timer per delay (call_later), in that order; the loop runs
-        until the last regular one (a few milliseconds) has fired, and
-        never spins: past 200 iterations it stops with an error."""
+        """One timer per delay (call_later), in that order, all made before
+        the loop runs, so that the order they fire in is the heap's alone,
+        whatever the machine's speed; the loop runs until the regular ones
+        (a few milliseconds) have fired, or for a second where one of them
+        sits below an infinite one in a heap a NaN disordered (then it never
+        fires, on stock asyncio as here), and never spins: past 200
+        iterations it stops with an error."""
         fired: list = []
+        regular = {i for i, delay in enumerate(delays) if not isinstance(delay, str)}
+
+        def fire(i: int) -> None:
+            fired.append(i)
+            if regular <= set(fired):
+                loop.stop()
+
         for i, delay in enumerate(delays):
-            loop.call_later(self.SPECIAL.get(delay, delay), fired.append, i)
+            loop.call_later(self.SPECIAL.get(delay, delay), fire, i)
         count = [0]
         run_once = loop._run_once
 
@@ -554,10 +565,15 @@ class _TestTimers:
                 raise AssertionError(f"a spin: {count[0]} iterations, {fired} fired")
             run_once()
 
+        # Not a timer: one more in the heap would change the order.
+        watchdog = threading.Timer(1.0, loop.call_soon_threadsafe, (loop.stop,))
         loop._run_once = counted
+        watchdog.start()
         try:
-            loop.run_until_complete(asyncio.sleep(0.02))
+            loop.run_forever()
         finally:
+            watchdog.cancel()
+            watchdog.join()
             del loop._run_once
         return fired
 
@@ -589,10 +605,10 @@ class _TestTimers:
                     loop.close()
                 self.assertEqual(got, expected)
                 for i, delay in enumerate(delays):
-                    if delay in ("-inf", "-huge") or not isinstance(delay, str):
-                        self.assertIn(i, got)
-                    elif delay in ("inf", "huge"):
+                    if delay in ("inf", "huge"):
                         self.assertNotIn(i, got)
+                    elif "nan" not in delays:
+                        self.assertIn(i, got)
                 # A NaN runs once at the heap's top; below an inf it stays
                 # (stock asyncio's heap order, followed above).
                 if delays[0] == "nan":
@@ -615,6 +631,22 @@ class _TestTimers:
             sleep_refuses_nan = True
         finally:
             reference.close()
+        # asyncio 3.14's iteration turns a NaN deadline at the heap's top
+        # into a NaN select timeout, which EpollSelector refuses ("cannot
+        # convert float NaN to integer") out of run_until_complete: stock's
+        # own fault, skipped there; this loop times the wait out at once.
+        nan_wait_fails_on_stock = False
+        if self.implementation == "asyncio":
+            reference = asyncio.SelectorEventLoop()
+            try:
+                reference.run_until_complete(asyncio.wait_for(
+                    reference.create_future(), timeout=float("nan")))
+            except asyncio.TimeoutError:
+                pass
+            except ValueError:
+                nan_wait_fails_on_stock = True
+            finally:
+                reference.close()
 
         async def main():
             start = loop.time()
@@ -624,8 +656,9 @@ class _TestTimers:
             else:
                 await asyncio.sleep(float("nan"))
             await asyncio.sleep(float("-inf"))
-            with self.assertRaises(asyncio.TimeoutError):
-                await asyncio.wait_for(loop.create_future(), timeout=float("nan"))
+            if not nan_wait_fails_on_stock:
+                with self.assertRaises(asyncio.TimeoutError):
+                    await asyncio.wait_for(loop.create_future(), timeout=float("nan"))
             with self.assertRaises(asyncio.TimeoutError):
                 await asyncio.wait_for(loop.create_future(), timeout=float("-inf"))
             self.assertEqual(await asyncio.wait_for(asyncio.sleep(0.001, "done"),
