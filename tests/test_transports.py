@@ -16,6 +16,7 @@ import io
 import os
 import random
 import re
+import select
 import signal
 import socket
 import struct
@@ -1841,6 +1842,16 @@ class _TestTransports:
             if raiser.fired is None:
                 return at - 1   # every step was tried
 
+    def forget_dead_keys(self) -> None:
+        """Unregister the selector's keys for descriptors no longer open
+        (what a failing transport left behind)."""
+        selector = self.loop._selector   # type: ignore[attr-defined]
+        for key in list(selector.get_map().values()):
+            try:
+                select.select([key.fd], [], [], 0)
+            except (OSError, ValueError):
+                selector.unregister(key.fd)
+
     async def reuse_a_descriptor(self) -> None:
         """A new connection, likely on a descriptor number just freed,
         carries data both ways (a key left behind for that number made
@@ -1870,19 +1881,27 @@ class _TestTransports:
                 return exc
             return make_and_keep
 
+        done: List[str] = []
+
         async def main() -> None:
             for name, act in acts.items():
                 for ending in ("abort", "close"):
                     for make in _PART_WAY:
-                        try:
-                            steps = await self.sweep_write(act, ending, recording(make),
-                                                           datagram)
-                        except AssertionError as failure:
-                            self.stock_fails_too(f"{name}, then {ending}()", failure)
+                        done[:] = [f"{name}, then {ending}()"]
+                        steps = await self.sweep_write(act, ending, recording(make), datagram)
                         self.assertGreater(steps, 5, name)
                         await self.reuse_a_descriptor()
 
-        self.run_loop(main(), timeout=110)
+        try:
+            self.run_loop(main(), timeout=110)
+        except Exception as failure:
+            # asyncio's transport: a key left for a closed descriptor, seen
+            # by the check, or by the stock loop's next select, which fails
+            # on it (Windows: WSAENOTSOCK). Its loop is made usable again
+            # for tearDown.
+            if not self.own:
+                self.forget_dead_keys()
+            self.stock_fails_too(done[0] if done else "setting up", failure)
         # The exception handler heard of no failure but the injected ones
         # (a send's is a fatal write error, as a socket's would be).
         for context in self.loop_exceptions:
