@@ -16,7 +16,6 @@ import io
 import os
 import random
 import re
-import select
 import signal
 import socket
 import struct
@@ -1843,13 +1842,16 @@ class _TestTransports:
                 return at - 1   # every step was tried
 
     def forget_dead_keys(self) -> None:
-        """Unregister the selector's keys for descriptors no longer open
-        (what a failing transport left behind)."""
+        """After asyncio's transport failed a part-way check: unregister
+        every key but the loop's self-pipe. The check's sockets are closed
+        or abandoned, and asyncio's transport may still close one whose
+        writer it leaves registered (the fault checked for) when tearDown
+        runs the loop, whose select would then fail on it (Windows)."""
         selector = self.loop._selector   # type: ignore[attr-defined]
+        ssock = getattr(self.loop, "_ssock", None)
+        keep = ssock.fileno() if ssock is not None else None
         for key in list(selector.get_map().values()):
-            try:
-                select.select([key.fd], [], [], 0)
-            except (OSError, ValueError):
+            if key.fd != keep:
                 selector.unregister(key.fd)
 
     async def reuse_a_descriptor(self) -> None:
@@ -1870,6 +1872,12 @@ class _TestTransports:
         await asyncio.wait_for(rec_a.lost, 10)
 
     def check_part_way(self, acts: Dict[str, Any], datagram: bool = False) -> None:
+        if not self.own and sys.platform == "win32":
+            # There the key asyncio's transport leaves for a closed socket
+            # fails the stock loop's select (WSAENOTSOCK), and the loop
+            # with it, as its transports close more sockets in tearDown.
+            pytest.xfail("asyncio's transport fails it too: a writer left registered "
+                         "for a closed socket, which breaks its loop's select on Windows")
         self.expect_loop_exceptions = True
         del self.loop_exceptions[:]
         injected: List[BaseException] = []
