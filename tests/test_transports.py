@@ -2008,6 +2008,19 @@ class _TestTransports:
             if raiser.fired is None:
                 return at - 1   # every step was tried
 
+    def forget_dead_keys(self) -> None:
+        """After asyncio's transport failed a part-way check: unregister
+        every key but the loop's self-pipe. The check's sockets are closed
+        or abandoned, and asyncio's transport may still close one whose
+        writer it leaves registered (the fault checked for) when tearDown
+        runs the loop, whose select would then fail on it (Windows)."""
+        selector = self.loop._selector   # type: ignore[attr-defined]
+        ssock = getattr(self.loop, "_ssock", None)
+        keep = ssock.fileno() if ssock is not None else None
+        for key in list(selector.get_map().values()):
+            if key.fd != keep:
+                selector.unregister(key.fd)
+
     async def reuse_a_descriptor(self) -> None:
         """A new connection, likely on a descriptor number just freed,
         carries data both ways (a key left behind for that number made
@@ -2026,6 +2039,12 @@ class _TestTransports:
         await asyncio.wait_for(rec_a.lost, 10)
 
     def check_part_way(self, acts: Dict[str, Any], datagram: bool = False) -> None:
+        if not self.own and sys.platform == "win32":
+            # There the key asyncio's transport leaves for a closed socket
+            # fails the stock loop's select (WSAENOTSOCK), and the loop
+            # with it, as its transports close more sockets in tearDown.
+            pytest.xfail("asyncio's transport fails it too: a writer left registered "
+                         "for a closed socket, which breaks its loop's select on Windows")
         self.expect_loop_exceptions = True
         del self.loop_exceptions[:]
         injected: List[BaseException] = []
@@ -2037,19 +2056,27 @@ class _TestTransports:
                 return exc
             return make_and_keep
 
+        done: List[str] = []
+
         async def main() -> None:
             for name, act in acts.items():
                 for ending in ("abort", "close"):
                     for make in _PART_WAY:
-                        try:
-                            steps = await self.sweep_write(act, ending, recording(make),
-                                                           datagram)
-                        except AssertionError as failure:
-                            self.stock_fails_too(f"{name}, then {ending}()", failure)
+                        done[:] = [f"{name}, then {ending}()"]
+                        steps = await self.sweep_write(act, ending, recording(make), datagram)
                         self.assertGreater(steps, 5, name)
                         await self.reuse_a_descriptor()
 
-        self.run_loop(main(), timeout=110)
+        try:
+            self.run_loop(main(), timeout=110)
+        except Exception as failure:
+            # asyncio's transport: a key left for a closed descriptor, seen
+            # by the check, or by the stock loop's next select, which fails
+            # on it (Windows: WSAENOTSOCK). Its loop is made usable again
+            # for tearDown.
+            if not self.own:
+                self.forget_dead_keys()
+            self.stock_fails_too(done[0] if done else "setting up", failure)
         # The exception handler heard of no failure but the injected ones
         # (a send's is a fatal write error, as a socket's would be).
         for context in self.loop_exceptions:
