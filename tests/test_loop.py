@@ -16,6 +16,7 @@ import threading
 import time
 import unittest
 import warnings
+from typing import Callable
 
 import pytest
 from _sockets import refusing_address
@@ -538,6 +539,21 @@ class _TestTimers:
     SPECIAL = {"nan": float("nan"), "-inf": float("-inf"), "inf": float("inf"),
                "huge": 1e300, "-huge": -1e300}
 
+    def _refuse_a_spin(self, loop: asyncio.AbstractEventLoop, state: Callable[[], str]) -> None:
+        """Past 200 iterations the loop's run stops with an AssertionError
+        naming ``state()``: a few timers take a few iterations, a spin
+        thousands (the caller removes the instance's ``_run_once``)."""
+        count = [0]
+        run_once = loop._run_once
+
+        def counted():
+            count[0] += 1
+            if count[0] > 200:
+                raise AssertionError(f"a spin: {count[0]} iterations, {state()}")
+            run_once()
+
+        loop._run_once = counted
+
     def _fire_order(self, loop: asyncio.AbstractEventLoop, delays: list) -> list:
         """One timer per delay (call_later), in that order, all made before
         the loop runs, so that the order they fire in is the heap's alone,
@@ -556,18 +572,9 @@ class _TestTimers:
 
         for i, delay in enumerate(delays):
             loop.call_later(self.SPECIAL.get(delay, delay), fire, i)
-        count = [0]
-        run_once = loop._run_once
-
-        def counted():
-            count[0] += 1
-            if count[0] > 200:
-                raise AssertionError(f"a spin: {count[0]} iterations, {fired} fired")
-            run_once()
-
         # Not a timer: one more in the heap would change the order.
         watchdog = threading.Timer(1.0, loop.call_soon_threadsafe, (loop.stop,))
-        loop._run_once = counted
+        self._refuse_a_spin(loop, lambda: f"{fired} fired")
         watchdog.start()
         try:
             loop.run_forever()
@@ -666,16 +673,7 @@ class _TestTimers:
             await asyncio.sleep(0.01)
             return loop.time() - start
 
-        count = [0]
-        run_once = loop._run_once
-
-        def counted():
-            count[0] += 1
-            if count[0] > 200:
-                raise AssertionError(f"a spin: {count[0]} iterations")
-            run_once()
-
-        loop._run_once = counted
+        self._refuse_a_spin(loop, str)
         self.addCleanup(vars(loop).pop, "_run_once")
         self.assertGreaterEqual(loop.run_until_complete(main()), 0.01)
 

@@ -187,6 +187,17 @@ class EchoClient(_Echoing):
         self._send_more()
 
 
+def _udp_endpoints() -> Tuple[socket.socket, socket.socket]:
+    """Two UDP sockets bound on the loopback: a non-blocking peer, and the
+    socket a transport will be given."""
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind((LOCALHOST, 0))
+    peer.setblocking(False)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((LOCALHOST, 0))
+    return peer, sock
+
+
 def _touched_by(frame: Any) -> List[Any]:
     """The transports and echo protocols whose code (or whose callback, in
     a handle being run) is on the stack from ``frame`` down: an exception
@@ -1458,11 +1469,7 @@ class _TestTransports:
         """One UDP endpoint whose socket raises ``exc`` as ``case`` says
         (``alone`` as for :meth:`stream_fault`)."""
         loop = asyncio.get_running_loop()
-        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        peer.bind((LOCALHOST, 0))
-        peer.setblocking(False)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind((LOCALHOST, 0))
+        peer, sock = _udp_endpoints()
         if case in ("send", "send-buffered", "recv-connected"):
             sock.connect(peer.getsockname())   # the transport sends by send()
         if case == "send-buffered":
@@ -1927,11 +1934,7 @@ class _TestTransports:
         and taken back by its bytes: the size went below zero)."""
         async def main() -> None:
             loop = asyncio.get_running_loop()
-            peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            peer.bind((LOCALHOST, 0))
-            peer.setblocking(False)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.bind((LOCALHOST, 0))
+            peer, sock = _udp_endpoints()
             sock.connect(peer.getsockname())
             faulty = FaultySocket(sock, {"send": {1: BlockingIOError()}})
             try:
