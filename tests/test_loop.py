@@ -6,6 +6,7 @@ entry points (run, new_event_loop, the policy API and its warnings).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import selectors
 import signal
@@ -584,6 +585,22 @@ class _TestTimers:
             del loop._run_once
         return fired
 
+    def _heap_order(self, delays: list) -> list:
+        """The order asyncio's iteration runs these timers in, all made
+        before it runs: its heap of TimerHandles (ordered by their
+        ``_when`` alone) popped while the top is not at or after the end of
+        the wait (a second here), so that a NaN runs when it tops the heap
+        and a timer below an infinite one in a heap a NaN disordered never
+        does."""
+        heap: list = []
+        for i, delay in enumerate(delays):
+            heapq.heappush(heap, asyncio.TimerHandle(
+                self.SPECIAL.get(delay, delay), print, (i,), self.loop))
+        order = []
+        while heap and not heap[0]._when >= 1.0:
+            order.append(heapq.heappop(heap)._args[0])
+        return order
+
     def test_nan_and_infinite_deadlines_in_every_position(self):
         """Each odd deadline, alone and two at once, first, between and
         after three regular timers in the heap: the timers fire in stock
@@ -600,17 +617,20 @@ class _TestTimers:
         cases.append(["-inf", "nan", "huge"])
         for delays in cases:
             with self.subTest(delays=delays):
-                reference = asyncio.SelectorEventLoop()
-                try:
-                    expected = self._fire_order(reference, delays)
-                finally:
-                    reference.close()
                 loop = self.new_loop()
                 try:
                     got = self._fire_order(loop, delays)
+                except ValueError as exc:
+                    # asyncio 3.14's own iteration turns a NaN deadline at
+                    # the heap's top into a NaN select timeout, which its
+                    # selector refuses: stock's fault, not the test's.
+                    if self.implementation == "asyncio" and "NaN" in str(exc):
+                        self.skipTest("stock asyncio 3.14+ turns a NaN deadline into a NaN "
+                                      f"select timeout and fails: {exc}")
+                    raise
                 finally:
                     loop.close()
-                self.assertEqual(got, expected)
+                self.assertEqual(got, self._heap_order(delays))
                 for i, delay in enumerate(delays):
                     if delay in ("inf", "huge"):
                         self.assertNotIn(i, got)
