@@ -304,22 +304,36 @@ class WindowsLoop(Loop):
         a byte, the port reports the self-pipe readable, the wait returns
         and the handler runs.
         """
-        wakeup_set = False
-        previous = -1
-        if (threading.current_thread() is threading.main_thread()
-                and getattr(self, "_csock", None) is not None):
-            try:
-                previous = signal.set_wakeup_fd(self._csock.fileno())  # type: ignore[union-attr]
-                wakeup_set = True
-            except (ValueError, OSError):
-                # Another thread's loop or a non-main interpreter:
-                # signals cannot reach us anyway.
-                pass
+        csock = getattr(self, "_csock", None)
+        if threading.current_thread() is not threading.main_thread() or csock is None:
+            super().run_forever()
+            return
+        mine = csock.fileno()
+        previous: int | None = None   # not known until set_wakeup_fd answers
         try:
+            try:
+                previous = signal.set_wakeup_fd(mine)
+            except (ValueError, OSError):
+                # A non-main interpreter: signals cannot reach us anyway.
+                pass
             super().run_forever()
         finally:
-            if wakeup_set:
-                signal.set_wakeup_fd(previous)
+            # Given back only if it is still ours, and read by setting it
+            # (there is no getter): a signal handler's exception (Ctrl+C)
+            # may land right after set_wakeup_fd returned, before its
+            # answer was kept, and a number left pointing at this loop's
+            # self-pipe would be a closed handle once the loop closes.
+            try:
+                current = signal.set_wakeup_fd(-1)
+            except (ValueError, OSError):
+                current = -1
+            if current != mine:
+                previous = current   # someone else's: put it back
+            if previous is not None and previous != -1:
+                try:
+                    signal.set_wakeup_fd(previous)
+                except (ValueError, OSError):
+                    pass   # a handle closed since: no wakeup fd, as before any was set
 
     def close(self) -> None:
         """Close the loop: first every overlapped operation is cancelled
