@@ -373,7 +373,7 @@ class NotifySelector(selectors.BaseSelector):
             raise RuntimeError("Selector is closed")
         if self._claimed:
             raise RuntimeError("the selector already serves another event loop")
-        if self._token.get("owner", _get_ident()) != _get_ident():
+        if not self._no_select_elsewhere():
             raise RuntimeError("the selector is inside a select() in another thread")
         self._claimed = True
 
