@@ -374,6 +374,30 @@ QUESTIONS: Tuple[Question, ...] = (
     Question("a notification's lpOverlapped", notification_overlapped),
 )
 
+#: What the strict model answers in its default modes (no SN_MODEL_MODE_*
+#: set), question by question: the readings the port is written against.
+#: The probe prints them for a build without the model (a production
+#: build); tests/test_strict_model.py checks the model answers so.
+MODEL_ANSWERS: Dict[str, str] = {
+    "key change without REMOVE": "first key kept",
+    "REMOVE then ENABLE (new key) in one call": "first key kept; REMOVE under [1]",
+    "delivery after DISABLE": "queued notification delivered",
+    "socket registered with another port": "refused (error 87)",
+    "port closed with the socket registered": "refused (error 87)",
+    "port closed after the socket's REMOVE": "accepted",
+    "edge-triggered, not drained": "one notification until drained",
+    "ENABLE without LEVEL or EDGE": "refused (error 87)",
+    "closed handle in a batch": "its registration failed (error 1168), the rest applied",
+    "LEVEL|ONESHOT re-armed, data unread": "fires again at once",
+    "ENABLE of an armed registration, new filter": "accepted, new filter used",
+    "socket closed before its REMOVE event": "REMOVE event delivered",
+    "closesocket() with a notification queued": "delivered after the close",
+    "socket tied by CreateIoCompletionPort": "accepted",
+    "failed connect, OUT-only filter": "ERR reported",
+    "DISABLE without trigger flags": "accepted",
+    "a notification's lpOverlapped": "lpOverlapped NULL",
+}
+
 
 def meaning(answer: str) -> str:
     """An answer without its error codes: what it means, for comparing
@@ -392,12 +416,14 @@ def ask(question: Question, backend: str) -> str:
 def probe(out: TextIO = sys.stdout) -> Dict[str, Dict[str, str]]:
     """Ask every question of the OS's function (where it exists), of the
     strict model and of the AFD polyfill; print a table; return
-    ``{question: {backend: answer}}``."""
+    ``{question: {backend: answer}}``. A production build has no strict
+    model: its column is then what the model answers (MODEL_ANSWERS)."""
     if sys.platform != "win32":
         raise OSError("the OS probe asks Windows's ProcessSocketNotifications: "
                       "run it on Windows")
     available = available_backends()
     has_psn, why = available["psn"]
+    has_model = available["strict"][0]
     columns = (["psn"] if has_psn else []) + ["strict", "afd"]
     titles = {"psn": "the OS did", "strict": "the strict model assumes",
               "afd": "the AFD polyfill does"}
@@ -405,9 +431,15 @@ def probe(out: TextIO = sys.stdout) -> Dict[str, Dict[str, str]]:
     out.write(f"ProcessSocketNotifications: {why}\n")
     if not has_psn:
         out.write("The OS lacks the function: only the model (and the polyfill) answer.\n")
+    if not has_model:
+        out.write("This build has no strict model (a test build's): its answers below are "
+                  "the ones it gives in its default modes, as recorded.\n")
     answers: Dict[str, Dict[str, str]] = {}
     for question in QUESTIONS:
-        answers[question.name] = {backend: ask(question, backend) for backend in columns}
+        answers[question.name] = {
+            backend: (ask(question, backend) if backend != "strict" or has_model
+                      else MODEL_ANSWERS[question.name])
+            for backend in columns}
     width = max(len(q.name) for q in QUESTIONS)
     for backend in columns:
         out.write(f"\n{titles[backend]}:\n")

@@ -1,8 +1,10 @@
 """Behaviour of the low-level Port, on every backend this machine has."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -415,6 +417,24 @@ def test_unavailable_backend_is_clear_oserror():
         pytest.skip("every backend is available here")
     with pytest.raises(OSError, match="not available"):
         Port(missing[0])
+
+
+def test_strict_backend_only_in_a_test_build():
+    """A production build of the core (the wheels, ``pip install .``)
+    carries no test code: no strict model, no controls; asking for the
+    strict backend says how to get a build that has it."""
+    if port_module.TEST_BUILD:
+        assert hasattr(port_module.lib, "sn_model_control")
+        return
+    assert not hasattr(port_module.lib, "sn_model_control")
+    assert not hasattr(port_module.lib, "SN_MODEL_REFUSE")
+    available, why = BACKENDS["strict"]
+    assert not available and "SOCKNOTIFY_TESTING=1" in why
+    with pytest.raises(OSError, match="SOCKNOTIFY_TESTING=1") as raised:
+        Port("strict")
+    assert raised.value.errno == errno.ENOSYS
+    with open(sys.modules["socknotify_loop._socknotify"].__file__, "rb") as f:
+        assert b"SOCKNOTIFY_STRICT_MODES" not in f.read()   # sn_model.c's
 
 
 def test_environment_variable_forces_backend(monkeypatch):

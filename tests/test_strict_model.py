@@ -115,25 +115,7 @@ def wait_for(port, key, timeout=2.0, regs=()):
 # -- the model's rules, against the forgiving polyfill --------------------------------
 
 #: What the strict model answers, question by question (probe.QUESTIONS).
-MODEL_ANSWERS = {
-    "key change without REMOVE": "first key kept",
-    "REMOVE then ENABLE (new key) in one call": "first key kept; REMOVE under [1]",
-    "delivery after DISABLE": "queued notification delivered",
-    "socket registered with another port": f"refused (error {ERROR_INVALID_PARAMETER})",
-    "port closed with the socket registered": f"refused (error {ERROR_INVALID_PARAMETER})",
-    "port closed after the socket's REMOVE": "accepted",
-    "edge-triggered, not drained": "one notification until drained",
-    "ENABLE without LEVEL or EDGE": f"refused (error {ERROR_INVALID_PARAMETER})",
-    "closed handle in a batch": "its registration failed (error 1168), the rest applied",
-    "LEVEL|ONESHOT re-armed, data unread": "fires again at once",
-    "ENABLE of an armed registration, new filter": "accepted, new filter used",
-    "socket closed before its REMOVE event": "REMOVE event delivered",
-    "closesocket() with a notification queued": "delivered after the close",
-    "socket tied by CreateIoCompletionPort": "accepted",
-    "failed connect, OUT-only filter": "ERR reported",
-    "DISABLE without trigger flags": "accepted",
-    "a notification's lpOverlapped": "lpOverlapped NULL",
-}
+MODEL_ANSWERS = probe.MODEL_ANSWERS
 #: Questions both answer alike (a fixed rule of the polyfill's, or where
 #: the forgiving and the strict reading agree). The model's default answers
 #: the last eight as the polyfill does; its modes (SN_MODEL_MODE_*) take

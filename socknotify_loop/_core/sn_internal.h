@@ -221,8 +221,15 @@ extern const sn_backend_ops_t sn_epoll_ops;
 #ifdef _WIN32
 extern const sn_backend_ops_t sn_psn_ops;   /* the OS's ProcessSocketNotifications */
 extern const sn_backend_ops_t sn_afd_ops;   /* the same port code on the polyfill */
+#ifdef SN_TESTING
 extern const sn_backend_ops_t sn_strict_ops; /* the strict model (sn_model.c), tests */
 #endif
+#endif
+
+/* SN_BACKEND_STRICT's number, which a production build's header does not
+   define: sn_backend_available() still answers for it, saying how to get
+   it. */
+#define SN_BACKEND_STRICT_NUMBER 4
 
 /* The backend table of an SN_BACKEND_* id compiled here, or NULL
    (sn_backends.c). */
@@ -249,7 +256,7 @@ SN_INLINE void sn__leave(sn_port_t *port) {
 }
 
 /* The same, for entry points that live in a backend's file
-   (sn_model_control). */
+   (sn_model_control, in a test build). */
 int sn_port_enter(sn_port_t *port);
 void sn_port_leave(sn_port_t *port);
 

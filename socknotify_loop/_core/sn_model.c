@@ -87,6 +87,12 @@
  * knows a port by (the backend's os_handle), so it needs nothing of the
  * port code's own structures (sn_iocp.c).
  *
+ * The backend. The strict backend's ops table is this file's too: the
+ * port code of sn_iocp.c (sn_iocp_fn.h's entries) on this function. So a
+ * production build, which compiles this file to nothing (SN_TESTING
+ * undefined), has no strict backend, no model and no controls, and the
+ * port code has no branch of theirs.
+ *
  * Waiting again. A wait whose every entry the model filtered out (edges
  * already high) is waited again for the time left, counted with the
  * core's one deadline arithmetic (sn_deadline, sn_time_left: sn_platform.h),
@@ -100,12 +106,12 @@
  * with its C samples, and the reference pages of ProcessSocketNotifications,
  * SOCK_NOTIFY_REGISTRATION and CreateIoCompletionPort.
  */
-#ifdef _WIN32
+#if defined(_WIN32) && defined(SN_TESTING)
 
 #include "sn_internal.h"
 #include "sn_win.h"
 #include "sn_afd.h"
-#include "sn_testing.h"
+#include "sn_iocp_fn.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -837,6 +843,39 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
     return answer;
 }
 
+/* ---------------------------------------------------------- the backend */
+
+static ULONG model__leftovers(HANDLE iocp, OVERLAPPED_ENTRY *entries, ULONG got) {
+    /* In SN_MODEL_MODE_PLAIN_WAIT the polyfill's packets of a registration
+       the model has dropped are left to the port: translated here. */
+    return sn_afd_translate(iocp, entries, got);
+}
+
+/* Ours (no OVERLAPPED in its notifications), on the polyfill. */
+const iocp_function_t sn_model_function = {
+    sn_model_process_socket_notifications, 0, 1, 1, model__leftovers,
+    sn_model_port_closed,
+};
+
+static int model__available(const char **why) {
+    *why = "the strict model of ProcessSocketNotifications (test build), "
+           "on the IOCTL_AFD_POLL polyfill";
+    return 1;
+}
+
+static int model__open(sn_port_t *port) {
+    return sn_iocp_open(port, &sn_model_function);
+}
+
+/* The model makes edges from level snapshots plus a look at the socket at
+   every call: the unforgiving reading of EDGE. */
+const sn_backend_ops_t sn_strict_ops = IOCP_OPS(
+    SN_BACKEND_STRICT,
+    SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE,
+    model__available, model__open, sn_iocp_identify, sn_iocp_add_afd_counters);
+
+/* ------------------------------------------------------- the controls' entry */
+
 int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value) {
     int64_t answer;
     if (port->ops != &sn_strict_ops)
@@ -849,4 +888,8 @@ int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t val
     return answer;
 }
 
-#endif /* _WIN32 */
+#endif /* _WIN32 && SN_TESTING */
+
+/* ISO C wants a declaration in every translation unit, also where the
+   #if above leaves none (MSVC and -pedantic warn otherwise). */
+typedef int sn_model_c_is_for_windows_test_builds;

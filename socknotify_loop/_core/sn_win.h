@@ -129,11 +129,13 @@ static inline DWORD sn_psn_check_arguments(SN_PSN_PARAMETERS) {
 
 /* The polyfill's entry points (sn_afd*.c) are declared in sn_afd.h. */
 
-/* The strict model (sn_model.c): ProcessSocketNotifications on the
-   polyfill, with the documented rules enforced. sn_model_port_closed():
+#ifdef SN_TESTING
+/* The strict model (sn_model.c, test builds only): ProcessSocketNotifications
+   on the polyfill, with the documented rules enforced. sn_model_port_closed():
    call before sn_afd_port_closed() when such a port closes. */
 DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS);
 void sn_model_port_closed(HANDLE port);
+#endif
 
 #endif /* _WIN32 */
 #endif /* SN_WIN_H */

@@ -26,6 +26,10 @@
 #include "sn_win.h"
 
 #define RUN_WIDTH 40
+#ifndef SN_TESTING
+#  error "build this test with -DSN_TESTING: it drives the strict model of a test build"
+#endif
+
 #include "check.h"
 #include "win_sockets.h"
 
