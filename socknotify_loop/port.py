@@ -110,7 +110,8 @@ _NO_STRICT = ("the strict model of ProcessSocketNotifications is compiled into t
 
 #: Names of the kernel-call counters, in the core's order (SN_COUNT_*).
 COUNTER_NAMES = ("waits", "changes", "wakes", "drains",
-                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "fallbacks")
+                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "fallbacks",
+                 "refused")
 assert len(COUNTER_NAMES) == lib.SN_COUNTERS
 
 
@@ -394,7 +395,10 @@ class Port:
         GetQueuedCompletionStatusEx dequeues and posted packets; on psn and
         strict, ``fallbacks``: registrations the port's own function refused
         for a socket still open, which the polyfill took over on the same
-        port."""
+        port. ``refused`` is no kernel call: it counts faults of the core's
+        own, transitions of its records refused as starting from a wrong
+        state (each answered with an error for the change that asked); it
+        stays 0."""
         out = ffi.new("uint64_t[]", len(COUNTER_NAMES))
         n = lib.sn_port_counters(self._handle, out, len(COUNTER_NAMES))
         return {COUNTER_NAMES[i]: int(out[i]) for i in range(n)}

@@ -54,7 +54,7 @@ SN_INLINE int sn__socket_replaced(sn_layer_t *port, sn_record_t *record) {
         return 0;
     if (sn__identity_differs(&record->ident, &now))
         return 1;
-    sn__rec_identify(record, &now, 1);
+    (void)sn__rec_identify(port, record, &now, 1);
     return 0;
 }
 
@@ -66,7 +66,7 @@ SN_INLINE void sn__socket_identify(sn_layer_t *port, sn_record_t *record) {
         return;
     if (port->base.ops->identify(&port->base, record->socket, &now) != 0)
         memset(&now, 0, sizeof now);
-    sn__rec_identify(record, &now, 0);
+    (void)sn__rec_identify(port, record, &now, 0);
 }
 
 /* One ENABLE of the port's own for record `recno`, under its current
@@ -98,9 +98,8 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_layer_t *port, sn_registration_t *kregs
     for (i = 0; i < port->rearm_count; i++) {
         uint32_t recno = port->rearm_recnos[i];
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_REC_FIRED)
+        if (record->state != SN_REC_FIRED || !sn__rec_rearm(port, record))
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
-        sn__rec_rearm(record);
         /* Closed, its handle value another socket's: no re-arm, as epoll's
            MOD fails (see below). */
         if (record->in_kernel && sn__socket_replaced(port, record))

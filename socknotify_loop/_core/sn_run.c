@@ -155,23 +155,21 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
            the filter enabled since. Dropped, it would be lost with the
            readiness it tells of until some other event ended the wait. */
         if (record->state == SN_REC_FIRED) {
-            if (!record->unheard)
+            if (!record->unheard || !sn__rec_heard(port, record))
                 continue;
-            record->unheard = 0;
         }
         /* A one-shot delivery disarmed the registration in the kernel,
            whatever we make of it: note it for the next re-arm even if
            nothing in it is reported (the kernel may deliver a condition
-           outside the filter, such as an error). */
+           outside the filter, such as an error). Nothing of it for the
+           caller: see FIRED above. */
         if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
-            record->state == SN_REC_ENABLED && sn__rearm_push(port, recno)) {
-            sn__rec_fire(record);
-            /* Nothing of it for the caller: see FIRED above. */
-            record->unheard =
-                sink->notes != NULL
-                    ? (ev->events & ((uint32_t)record->events | SN_EVENT_ERR)) == 0
-                    : sn__select_mask(record->events, ev->events) == 0;
-        }
+            record->state == SN_REC_ENABLED && sn__rearm_push(port, recno) &&
+            !sn__rec_fire(port, record,
+                          sink->notes != NULL
+                              ? (ev->events & ((uint32_t)record->events | SN_EVENT_ERR)) == 0
+                              : sn__select_mask(record->events, ev->events) == 0))
+            port->rearm_count--;   /* refused: off the list again */
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
             if (wanted == 0 || !sn__sink_room(sink, 0))

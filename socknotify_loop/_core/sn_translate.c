@@ -107,7 +107,10 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 /* The kernel keeps this socket's key until the REMOVE
                    event is dequeued: the ENABLE waits for it in the
                    record, and goes to the kernel under a new key then. */
-                sn__rec_wait(record, reg->key, reg->events, reg->trigger);
+                if (!sn__rec_wait(port, record, reg->key, reg->events, reg->trigger)) {
+                    err = SN_ERROR_INVALID;
+                    break;
+                }
                 p->recno = recno;
                 p->skip = 1;
                 p->waits = SN_WAITS_HELD;
@@ -131,8 +134,11 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                        waits in the record for its REMOVE event (or goes
                        at once if the REMOVE fails: the socket was closed,
                        and the kernel holds nothing). */
-                    p->before = sn__rec_rekey(record, reg->key, reg->events,
-                                              reg->trigger);
+                    p->before = record->state;
+                    if (!sn__rec_rekey(port, record, reg->key, reg->events, reg->trigger)) {
+                        err = SN_ERROR_INVALID;
+                        break;
+                    }
                     p->waits = SN_WAITS_REKEY;
                     p->recno = recno;
                     kreg->op = SN_OP_REMOVE;
@@ -157,7 +163,12 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             if (!record->in_kernel)
                 sn__socket_identify(port, record);
             kreg->trigger |= record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : SN_TRIGGER_ADD;
-            p->before = sn__rec_enable(record, reg->events, reg->trigger);
+            p->before = record->state;
+            if (!sn__rec_enable(port, record, reg->events, reg->trigger)) {
+                if (p->fresh)
+                    sn__record_retire(port, recno);
+                err = SN_ERROR_INVALID;
+            }
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
@@ -165,7 +176,10 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 record->state == SN_REC_REKEYING && record->next_key == reg->key) {
                 /* The ENABLE that waits for the REMOVE event is taken
                    back: the kernel never heard of it. */
-                sn__rec_take_back(record);
+                if (!sn__rec_take_back(port, record)) {
+                    err = SN_ERROR_INVALID;
+                    break;
+                }
                 p->skip = 1;
                 kreg->op = SN_OP_NONE;
                 continue;
@@ -179,14 +193,21 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             }
             /* A FIRED record leaves the re-arm list's concern either way:
                nothing for a re-arm to renew. */
+            p->before = record->state;
             if (reg->op == SN_OP_REMOVE) {
-                p->before = sn__rec_remove(record, (flags & SN_PROCESS_QUIET_REMOVE) != 0);
+                if (!sn__rec_remove(port, record, (flags & SN_PROCESS_QUIET_REMOVE) != 0)) {
+                    err = SN_ERROR_INVALID;
+                    break;
+                }
                 if (flags & SN_PROCESS_QUIET_REMOVE)
                     kreg->trigger |= SN_TRIGGER_QUIET;
             } else {
                 /* Nothing is reported from now on, even what the kernel
                    had queued before ("might still be delivered"). */
-                p->before = sn__rec_disable(record);
+                if (!sn__rec_disable(port, record)) {
+                    err = SN_ERROR_INVALID;
+                    break;
+                }
                 /* With the trigger of the ENABLE it ends, whatever the
                    caller gave: the reference page's "one of LEVEL or EDGE
                    must be supplied" may hold for DISABLE too. */
@@ -224,8 +245,9 @@ static void sn__unapply(sn_layer_t *port, const sn_registration_t *kreg, sn_memo
         return;
     if (p->kind == SN_MEMO_REARM) {
         /* Back on the re-arm list, unless its owner changed it meanwhile. */
-        if (record->state == SN_REC_ENABLED && sn__rearm_push(port, p->recno))
-            sn__rec_fire(record);
+        if (record->state == SN_REC_ENABLED && sn__rearm_push(port, p->recno) &&
+            !sn__rec_fire(port, record, 0))
+            port->rearm_count--;   /* refused: off the list again */
         return;
     }
     if (p->kind == SN_MEMO_DEFERRED) {
@@ -244,7 +266,7 @@ static void sn__unapply(sn_layer_t *port, const sn_registration_t *kreg, sn_memo
        it again. */
     if (p->before == SN_REC_FIRED && !sn__rearm_push(port, p->recno))
         p->before = SN_REC_ENABLED;
-    sn__rec_restore(record, p->before);
+    (void)sn__rec_restore(port, record, p->before);
 }
 
 /* Read the kernel's verdicts back into the table (lock held). The first
@@ -271,7 +293,7 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                    for. (Unless the REMOVE event came meanwhile and the
                    record was reborn, or the owner took the ENABLE back.) */
                 if (port->records[p->recno].state == SN_REC_REKEYING)
-                    sn__rec_take_back(&port->records[p->recno]);
+                    (void)sn__rec_take_back(port, &port->records[p->recno]);
                 regs[i].result = (uint32_t)call_error;
             }
             continue;
@@ -294,9 +316,9 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             continue;
         if (kregs[i].result == 0) {
             if (kregs[i].op == SN_OP_ENABLE)
-                sn__rec_held(record, 1);
+                (void)sn__rec_held(port, record, 1);
             else if (kregs[i].op == SN_OP_DISABLE)
-                sn__rec_held(record, 0);
+                (void)sn__rec_held(port, record, 0);
             /* A quiet REMOVE retires now: nothing more will be reported
                under this registration's key. Not where the kernel keeps
                the key until the REMOVE event: the record waits for it. */

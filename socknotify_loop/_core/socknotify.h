@@ -94,8 +94,8 @@
 #define SN_SELECT_READ   1
 #define SN_SELECT_WRITE  2
 
-/* Kernel-call counters (sn_port_counters), by index. Always on: one
-   relaxed atomic increment per call. */
+/* Kernel-call counters (sn_port_counters), by index, and one count of
+   faults. Always on: one relaxed atomic increment per call. */
 #define SN_COUNT_WAITS        0  /* epoll_wait / ProcessSocketNotifications (psn, afd: the
                                     function the port code calls) */
 #define SN_COUNT_CHANGES      1  /* epoll_ctl */
@@ -107,7 +107,10 @@
 #define SN_COUNT_AFD_POSTS    7  /* PostQueuedCompletionStatus inside the polyfill (afd) */
 #define SN_COUNT_FALLBACKS    8  /* registrations the OS function refused and the polyfill
                                     took over on the same port (psn, strict) */
-#define SN_COUNTERS           9
+#define SN_COUNT_REFUSED      9  /* not a kernel call: transitions of the port's records
+                                    refused as starting from a wrong state (a fault of the
+                                    core's own, answered with an error; sn_record.h) */
+#define SN_COUNTERS          10
 
 /* Error code for a backend that was asked for but is not available here
    (ENOSYS on POSIX, ERROR_NOT_SUPPORTED on Windows, see sn_internal.h). */
