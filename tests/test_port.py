@@ -174,6 +174,28 @@ def test_remove_of_unregistered_socket_raises(port):
         assert reg.result != 0 and isinstance(reg.error, OSError)
 
 
+@pytest.mark.parametrize("op", [OP_REMOVE, OP_DISABLE])
+def test_a_refused_remove_or_disable_does_not_block(port, op):
+    """Port.process: "If any failed, the call does not block" -- a REMOVE
+    or DISABLE refused (of a socket never registered here; of one closed
+    since it was registered) as much as an ENABLE."""
+    a, b = nonblocking_pair()
+    with a, b:
+        start = time.monotonic()
+        with pytest.raises(OSError):
+            port.process([Registration(a, 9, 0, op)], timeout=10)
+        assert time.monotonic() - start < 5
+    c, d = nonblocking_pair()
+    port.process([Registration(c, 10, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+    fd = c.fileno()
+    c.close()
+    with d:
+        start = time.monotonic()
+        with pytest.raises(OSError):
+            port.process([Registration(fd, 10, 0, op)], timeout=10)
+        assert time.monotonic() - start < 5
+
+
 def test_disable_then_enable(port):
     a, b = nonblocking_pair()
     with a, b:

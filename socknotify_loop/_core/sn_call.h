@@ -41,6 +41,13 @@ enum {
                              REMOVE event */
 };
 
+/* The same for a caller's change as it came (sn__failure_is_news): its
+   failure shortens the call's wait unless it is a quiet REMOVE. */
+SN_INLINE int sn__caller_news(const sn_registration_t *reg, uint32_t flags) {
+    return reg->op != SN_OP_NONE &&
+           !(reg->op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE));
+}
+
 /* Where translated notifications go: process() wants sn_notification_t,
    select() wants (key, selector mask) pairs and I/O keys. */
 typedef struct sn_sink {

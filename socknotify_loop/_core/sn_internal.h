@@ -149,6 +149,17 @@ typedef struct sn_backend_ops {
 #define SN_TRIGGER_INTERNAL \
     (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET | SN_TRIGGER_REARM | SN_TRIGGER_ADD)
 
+/* Whether a kernel registration's failure is news someone must hear now,
+   so that the call that carries it does not block (sn_port_process(): "if
+   a caller's change failed, the call does not block"): every change but
+   the port's own re-arms (nobody waits to hear of those) and the quiet
+   REMOVEs (whose caller asked to hear nothing of the removal: the
+   registration is gone either way). */
+SN_INLINE int sn__failure_is_news(const sn_registration_t *kreg) {
+    return kreg->op != SN_OP_NONE && !(kreg->trigger & SN_TRIGGER_REARM) &&
+           !(kreg->op == SN_OP_REMOVE && (kreg->trigger & SN_TRIGGER_QUIET));
+}
+
 /* ProcessSocketNotifications' rules for the trigger of an ENABLE, written
    once for the port layer (sn_translate.c) and the AFD polyfill (sn_afd.c),
    each of which answers in its own error codes: 0 for a valid trigger

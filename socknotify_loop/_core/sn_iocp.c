@@ -273,7 +273,8 @@ static DWORD iocp__reenable(sn_port_t *port, iocp_port_t *ip,
    modify tried once more after a DISABLE (iocp__reenable; *reenabled
    counts those it saved), refusals the polyfill can make good handed to
    it (sn_iocp_fallback.c). `routed` marks the registrations the polyfill
-   applied already. Returns 1 if a caller ENABLE is still refused. */
+   applied already. Returns 1 if a change whose failure is news
+   (sn__failure_is_news) is still refused. */
 static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
                           SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
                           uint32_t count, int *reenabled) {
@@ -292,8 +293,7 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
         if (!ip->fn->polyfill && sn_iocp_fallback_take(&ip->fallbacks, ip->iocp, &kregs[i]))
             SN_COUNT(port, SN_COUNT_FALLBACKS);
         regs[i].result = (uint32_t)kregs[i].registrationResult;
-        if (regs[i].result != 0 && regs[i].op == SN_OP_ENABLE &&
-            !(regs[i].trigger & SN_TRIGGER_REARM))
+        if (regs[i].result != 0 && sn__failure_is_news(&regs[i]))
             refused = 1;
     }
     return refused;
@@ -311,7 +311,7 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
    and a call with no registration at all fails too, the fault is the
    port's, not a registration's: nothing was applied (SN_RESULT_UNAPPLIED,
    as before) and the error is returned. Returns 0 when the batch is
-   settled, *refused set if a caller's ENABLE still failed. */
+   settled, *refused set if a change whose failure is news still failed. */
 static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
                          SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
                          uint32_t count, DWORD rc, int *refused) {
@@ -357,7 +357,7 @@ int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
     UINT32 got = 0, j, wait;
     DWORD rc, result;
     uint32_t i;
-    int err = 0, first_enable = 0, refused = 0, reenabled = 0, rearms = 0, split = 0;
+    int err = 0, verdict_first = 0, refused = 0, reenabled = 0, rearms = 0, split = 0;
     int64_t deadline = 0;
 
     *received = 0;
@@ -383,25 +383,33 @@ int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
         kregs[i].triggerFlags = regs[i].trigger & (UINT8)~SN_TRIGGER_INTERNAL;
         kregs[i].registrationResult = ERROR_SUCCESS;
         routed[i] = 0;
-        if (ip->fn->polyfill || regs[i].op == SN_OP_NONE)
+        if (regs[i].op == SN_OP_NONE)
             continue;
-        if (sn_iocp_fallback_route(&ip->fallbacks, ip->iocp, &kregs[i], &result)) {
+        if (!ip->fn->polyfill &&
+            sn_iocp_fallback_route(&ip->fallbacks, ip->iocp, &kregs[i], &result)) {
             /* A socket the polyfill serves: every change went there. */
             regs[i].result = (uint32_t)result;
             routed[i] = 1;
-        } else if (regs[i].op == SN_OP_ENABLE && !(regs[i].trigger & SN_TRIGGER_REARM)) {
-            /* Not only a socket's first ENABLE may be refused: a modify
-               of a registration the OS holds (add_writer on a socket
-               registered for reading) may be too, and its owner must
-               not wait for the wait to end to hear of it. */
-            first_enable = 1;
-        } else if (regs[i].op == SN_OP_ENABLE) {
-            rearms = 1;
+            if (result != 0 && sn__failure_is_news(&regs[i]))
+                timeout_ms = 0;
+        } else if (regs[i].op == SN_OP_ENABLE && (regs[i].trigger & SN_TRIGGER_REARM)) {
+            if (!ip->fn->polyfill)
+                rearms = 1;
+        } else if (sn__failure_is_news(&regs[i]) &&
+                   (regs[i].op != SN_OP_ENABLE || !ip->fn->polyfill)) {
+            /* A change whose failure its owner must hear before any wait:
+               not only a socket's first ENABLE may be refused, a modify of
+               a registration the OS holds (add_writer on a socket
+               registered for reading) may be too, and a DISABLE or a
+               REMOVE that is not quiet. (The polyfill, which applies
+               before it waits, shortens its own wait for an ENABLE it
+               refuses.) */
+            verdict_first = 1;
         }
     }
 
-    if (first_enable && max_events != 0 && timeout_ms != 0) {
-        /* A caller's ENABLE may be refused: hear it before waiting. */
+    if (verdict_first && max_events != 0 && timeout_ms != 0) {
+        /* A caller's change may be refused: hear it before waiting. */
         SN_COUNT(port, SN_COUNT_WAITS);
         rc = ip->fn->process(ip->iocp, count, kregs, 0, 0, NULL, NULL);
         if (iocp__whole_call_failed(rc)) {

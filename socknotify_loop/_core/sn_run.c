@@ -269,7 +269,7 @@ static void sn__scratch_release(sn_scratch_t *s) {
    another thread removed the registration, closed its descriptor and
    registered the reused number would re-key the new registration to a
    dead key. The first `callers` are the caller's `regs`. Returns how many
-   of the caller's ENABLEs failed. */
+   of the caller's changes failed whose failure is news (sn__caller_news). */
 static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                                   sn_registration_t *kregs, sn_memo_t *memos,
                                   uint32_t callers, uint32_t total, sn_kevent_t *events) {
@@ -277,7 +277,7 @@ static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registrat
     int call_error = port->base.ops->process(&port->base, kregs, total, 0, events, 0, &got, &dropped);
     sn__settle(port, flags, regs, kregs, memos, callers, total, call_error);
     for (i = 0; i < callers; i++)
-        refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+        refused += regs[i].result != 0 && sn__caller_news(&regs[i], flags);
     return refused;
 }
 
@@ -285,7 +285,7 @@ static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registrat
    the port's own re-arms and deferred ENABLEs, translated into the
    scratch; applied and settled at once where the backend does so. Sets
    *total to what the wait still has to apply, *refused to how many of
-   the caller's ENABLEs failed already and *ndeferred to how many deferred
+   the caller's changes failed already (whose failure is news) and *ndeferred to how many deferred
    ENABLEs the batch carries: at most `room`, since each may fail and take
    an entry of the call's answer (the rest wait for the next call). */
 static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
@@ -360,7 +360,7 @@ static void sn__order_leave(sn_layer_t *port, int runner, int unapplied) {
    (an ordered port: "Two threads" above), settle it, report its deferred
    ENABLEs that failed; then the same for the deferred ENABLEs it freed (a
    re-key whose REMOVE failed), so that none of them sits out the wait.
-   Returns how many of the caller's ENABLEs failed. */
+   Returns how many of the caller's changes failed (whose failure is news). */
 static uint32_t sn__apply_ordered(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                                   sn_scratch_t *s, sn_kevent_t *events, uint32_t callers,
                                   uint32_t total, uint32_t max_events, uint32_t base,
@@ -373,7 +373,7 @@ static uint32_t sn__apply_ordered(sn_layer_t *port, uint32_t flags, sn_registrat
         sn__settle(port, flags, regs, s->kregs, s->memos, callers, total, call_error);
         sn__report_deferred_failures(s->kregs, s->memos, callers, total, sink);
         for (i = 0; i < callers; i++)
-            refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+            refused += regs[i].result != 0 && sn__caller_news(&regs[i], flags);
         callers = 0;
         total = 0;
         if (port->deferred_count != 0 && max_events != 0) {

@@ -31,11 +31,12 @@
  *   - close() REMOVEs every live registration first, so that a socket
  *     outliving the port is not left tied to it (sn_port.c).
  *
- * A failed caller ENABLE never leaves the call blocked: the backends turn
- * the wait into a poll when one failed, so the caller hears of the failure
- * now rather than whenever some other event ends the wait. (A failed
- * REMOVE or DISABLE needs nobody's attention: the registration is gone
- * either way, so it does not shorten the wait.)
+ * A failed caller change never leaves the call blocked: the port layer
+ * turns the wait into a poll when one was refused before the kernel, and
+ * the backends do when the kernel refused one, so the caller hears of the
+ * failure now rather than whenever some other event ends the wait. The
+ * exception is a quiet REMOVE (the selector's): its caller asked to hear
+ * nothing of the removal, and the registration is gone either way.
  *
  * Removes that name another registration. A REMOVE (or DISABLE) carries
  * the caller's key as well as the socket; for a caller that asked for
@@ -72,7 +73,8 @@ static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
 }
 
 /* Translate the caller's registrations into kernel ones (lock held).
-   Returns how many ENABLEs were refused before reaching the kernel. */
+   Returns how many of them were refused before reaching the kernel whose
+   failure is news (sn__caller_news). */
 uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                      sn_registration_t *kregs, sn_memo_t *memos, uint32_t count) {
     uint32_t i, refused = 0;
@@ -224,7 +226,7 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         if (err != 0) {
             reg->result = (uint32_t)err;
             p->skip = 1;
-            refused += reg->op == SN_OP_ENABLE;
+            refused += (uint32_t)sn__caller_news(reg, flags);
             /* NONE is harmless to the kernel: it keeps the batch aligned. */
             kreg->op = SN_OP_NONE;
             continue;

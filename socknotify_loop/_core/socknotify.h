@@ -175,8 +175,10 @@ sn_port_t *sn_port_open(int backend, int *error);
    polls) for notifications and store at most
    max_notifications of them. *received is the number stored (0 on timeout).
    Returns 0, or an error code when the wait itself failed; the registration
-   results are valid in both cases. If a caller's ENABLE failed, the call
-   does not block (its failure is news the caller must hear now).
+   results are valid in both cases. If a caller's change failed, the call
+   does not block (its failure is news the caller must hear now), unless
+   it was a REMOVE with SN_PROCESS_QUIET_REMOVE: that caller asked to hear
+   nothing of the removal.
    Safe to call from several threads at once on one port. Stale
    notifications are dropped and the wait resumes with the remaining time.
    A waiter woken by sn_port_close() returns 0 with what it has. */
