@@ -174,6 +174,30 @@ def test_remove_of_unregistered_socket_raises(port):
         assert reg.result != 0 and isinstance(reg.error, OSError)
 
 
+def test_two_enables_of_one_registration_in_one_call(port):
+    """A registration enabled twice in one call (asyncio's register() then
+    modify() before the next select: connection_made adds a writer, the
+    reader follows) is one registration with the last filter: both
+    succeed, the socket's readiness comes once, under its key, and its
+    REMOVE leaves nothing behind (no second registration the port lost
+    track of, which the strict model's NO_ENABLE_WHILE_ARMED mode used to
+    hand to the AFD fallback)."""
+    a, b = nonblocking_pair()
+    with a, b:
+        first = Registration(a, 12, EVENT_IN)
+        second = Registration(a, 12, EVENT_IN | EVENT_OUT)
+        notes = port.process([first, second], timeout=2)
+        assert first.result == 0 and second.result == 0
+        assert notes == [(12, EVENT_OUT)]          # writable: the second filter
+        assert port.registered == 1
+        assert port.counters()["fallbacks"] == 0
+        events = wait_for(port, 12, regs=[Registration(a, 12, 0, OP_REMOVE)])
+        assert events == EVENT_REMOVE
+        assert port.registered == 0
+        b.send(b"x")
+        assert port.process(timeout=0.2) == []
+
+
 @pytest.mark.parametrize("op", [OP_REMOVE, OP_DISABLE])
 def test_a_refused_remove_or_disable_does_not_block(port, op):
     """Port.process: "If any failed, the call does not block" -- a REMOVE

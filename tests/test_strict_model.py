@@ -589,6 +589,27 @@ def test_selector_refused_rearm_does_not_sit_out_the_wait():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("modes", [lib.SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED,
+                                   lib.SN_MODEL_MODES_HARSHEST])
+def test_port_two_enables_of_one_registration_in_one_call(modes):
+    """Two ENABLEs of one registration in one call, on a model that
+    refuses an ENABLE of an armed registration: the port sends the kernel
+    one, with the last filter. (It used to send both; the second, refused,
+    handed the socket to the AFD fallback while the model kept the first:
+    two registrations, and the first never removed.)"""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, modes)
+        first = Registration(a, 1, EVENT_IN)
+        second = Registration(a, 1, EVENT_IN | EVENT_OUT)
+        assert port.process([first, second], timeout=2) == [(1, EVENT_OUT)]
+        assert first.result == second.result == 0
+        assert port.counters()["fallbacks"] == 0
+        assert port.counters()["refused"] == 0
+        assert wait_for(port, 1, regs=[Registration(a, 1, 0, OP_REMOVE)]) == EVENT_REMOVE
+        assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
+
+
 def test_port_modify_of_an_armed_registration():
     """The reference page: "Notifications must not be re-enabled until the
     SOCK_NOTIFY_EVENT_DISABLE notification is received". Where the OS

@@ -26,8 +26,11 @@ typedef struct sn_memo {
                              for its REMOVE event (SN_CAP_KEY_FIXED) */
 } sn_memo_t;
 
+/* SN_MEMO_MERGED: a caller's second ENABLE of a registration in one
+   batch, merged into the first (sn_translate.c), whose index `recno`
+   holds and whose result it shares. */
 enum { SN_MEMO_CALLER = 0, SN_MEMO_REARM = 1, SN_MEMO_DEFERRED = 2,
-       SN_MEMO_DEFERRED_FAILED = 3 };
+       SN_MEMO_DEFERRED_FAILED = 3, SN_MEMO_MERGED = 4 };
 
 /* Why a caller's ENABLE is not in the kernel batch as an ENABLE. */
 enum {

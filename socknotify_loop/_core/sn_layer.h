@@ -47,6 +47,10 @@ typedef struct sn_layer {
     uint32_t runners;
     uint32_t unapplied;
     int ordered;
+    /* The number of the batch being translated (sn__prepare: one per
+       call's changes, never 0): a record enabled in it carries it
+       (sn_record.h, `batch`). */
+    uint32_t batch_serial;
     /* The count of bound changes the last select carried (sn_port_select_changes). */
     uint32_t last_select_count;
 

@@ -81,7 +81,11 @@ uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs,
         if (!(SN_REC_BIT(record->state) &
               (SN_REC_BIT(SN_REC_ENABLED) | SN_REC_BIT(SN_REC_FIRED))) || record->in_kernel)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
-        if (n == limit) {
+        if (n == limit || record->batch == port->batch_serial) {
+            /* No room; or its owner's own ENABLE of it is in this batch,
+               and one ENABLE per registration goes to the kernel in a
+               call. Kept: a later call finds it enabled (and drops it), or
+               still waiting, if that ENABLE was not applied. */
             port->deferred_recnos[kept++] = recno;
             continue;
         }

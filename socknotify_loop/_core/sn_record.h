@@ -32,7 +32,7 @@
  * wepoll's sockets (SOCK__POLL_IDLE, _PENDING, _CANCELLED) and mio's
  * (SockPollStatus): named states, every transition checked.
  *
- * Four facts about a record are not states, because they are orthogonal
+ * Five facts about a record are not states, because they are orthogonal
  * to them; each is written here only, by the functions named:
  *   in_kernel  the kernel holds a registration for the record (its last
  *              ENABLE succeeded and no DISABLE has taken it away since:
@@ -43,6 +43,13 @@
  *              (sn__rec_remove, sn__rec_rekey);
  *   unheard    a FIRED record's delivery reported nothing to the caller
  *              (sn__rec_fire, sn__rec_heard: see sn_run.c, sn__deliver);
+ *   batch      the batch being translated carries an ENABLE of the record,
+ *              at batch_slot (sn__rec_enable): at most one ENABLE per
+ *              registration goes to the kernel per call, a second one in
+ *              the batch merging into it (sn__rec_merge), since a kernel
+ *              may refuse an ENABLE of a registration it holds armed;
+ *              a DISABLE, REMOVE or re-key of it in the batch ends the
+ *              mark, so an ENABLE after one goes to the kernel on its own;
  *   ident      what the socket was when its registration was made
  *              (sn__rec_identify; the backends whose kernel cannot refuse
  *              to renew a registration for a socket that took a closed
@@ -111,6 +118,11 @@ typedef struct sn_record {
                              were reported (sn_run.c, sn__deliver) */
     uint8_t  next_trigger;  /* REKEYING: the ENABLE that waits */
     uint16_t next_events;
+    /* The batch being translated that carries an ENABLE of this record
+       (the port's batch_serial then; 0: none), and that ENABLE's index in
+       it: a second ENABLE in the batch merges into it (sn__rec_merge). */
+    uint32_t batch;
+    uint32_t batch_slot;
     uint64_t next_key;
     sn_identity_t ident;  /* what the socket was when armed (the backends
                              with an identify op: sn_translate.c) */
@@ -166,18 +178,37 @@ SN_INLINE int sn__rec_open(sn_layer_t *port, sn_record_t *r, uint64_t socket,
     r->in_kernel = 0;
     r->quiet = 0;
     r->unheard = 0;
+    r->batch = 0;
     memset(&r->ident, 0, sizeof r->ident);
     return 1;
 }
 
-/* live -> ENABLED: the caller's ENABLE accepted, with its filter. */
+/* live -> ENABLED: the caller's ENABLE accepted, with its filter, at
+   index `slot` of the batch being translated (the port's batch_serial). */
 SN_INLINE int sn__rec_enable(sn_layer_t *port, sn_record_t *r, uint16_t events,
-                             uint8_t trigger) {
+                             uint8_t trigger, uint32_t slot) {
     if (!SN_REC_EXPECT(port, r, SN_REC_ANY_LIVE, "enable"))
         return 0;
     r->events = events;
     r->trigger = trigger;
     r->state = SN_REC_ENABLED;
+    r->batch = port->batch_serial;
+    r->batch_slot = slot;
+    return 1;
+}
+
+/* ENABLED, enabled in this batch already: a second ENABLE of it in the
+   same batch becomes the first's filter and trigger (the caller merges
+   the kernel registration). From any other state, or with no ENABLE of
+   it in this batch, refused. */
+SN_INLINE int sn__rec_merge(sn_layer_t *port, sn_record_t *r, uint16_t events,
+                            uint8_t trigger) {
+    if (!SN_REC_EXPECT(port, r, SN_REC_BIT(SN_REC_ENABLED), "merge"))
+        return 0;
+    if (r->batch != port->batch_serial || r->batch == 0)
+        return sn__transition_refused(port, "merge", r->state, __FILE__, __LINE__);
+    r->events = events;
+    r->trigger = trigger;
     return 1;
 }
 
@@ -214,6 +245,7 @@ SN_INLINE int sn__rec_disable(sn_layer_t *port, sn_record_t *r) {
     if (!SN_REC_EXPECT(port, r, SN_REC_ANY_LIVE, "disable"))
         return 0;
     r->state = SN_REC_DISABLED;
+    r->batch = 0;
     return 1;
 }
 
@@ -224,6 +256,7 @@ SN_INLINE int sn__rec_remove(sn_layer_t *port, sn_record_t *r, int quiet) {
         return 0;
     r->state = SN_REC_REMOVING;
     r->quiet = (uint8_t)(quiet != 0);
+    r->batch = 0;
     return 1;
 }
 
@@ -239,6 +272,7 @@ SN_INLINE int sn__rec_rekey(sn_layer_t *port, sn_record_t *r, uint64_t key,
     r->next_key = key;
     r->next_events = events;
     r->next_trigger = trigger;
+    r->batch = 0;
     return 1;
 }
 
@@ -336,6 +370,7 @@ SN_INLINE int sn__rec_free(sn_layer_t *port, sn_record_t *r) {
     r->state = SN_REC_FREE;
     r->in_kernel = 0;
     r->quiet = 0;
+    r->batch = 0;
     sn__rec_bump_generation(r);
     return 1;
 }
@@ -354,6 +389,7 @@ SN_INLINE int sn__rec_reborn(sn_layer_t *port, sn_record_t *r) {
     r->trigger = r->next_trigger;
     r->in_kernel = 0;
     r->quiet = 0;
+    r->batch = 0;
     /* Perhaps another socket (a value reused after closesocket()): read
        again when its ENABLE is prepared. */
     memset(&r->ident, 0, sizeof r->ident);

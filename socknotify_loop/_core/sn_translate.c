@@ -79,6 +79,9 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                      sn_registration_t *kregs, sn_memo_t *memos, uint32_t count) {
     uint32_t i, refused = 0;
     int key_fixed = (port->base.ops->caps & SN_CAP_KEY_FIXED) != 0;
+    /* A new batch: what an earlier one marked is no longer in it. */
+    if (++port->batch_serial == 0)
+        port->batch_serial = 1;
     for (i = 0; i < count; i++) {
         sn_registration_t *reg = &regs[i];
         sn_registration_t *kreg = &kregs[i];
@@ -105,6 +108,25 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             }
             if ((err = sn__valid_trigger(port->base.ops, reg->trigger)) != 0)
                 break;
+            if (record != NULL && record->batch == port->batch_serial &&
+                record->state == SN_REC_ENABLED && record->user_key == reg->key) {
+                /* Enabled already in this batch (register, then modify,
+                   before the call): one ENABLE per registration reaches
+                   the kernel, with the last filter. A kernel may refuse
+                   a second ENABLE of a registration the first armed. */
+                sn_registration_t *first = &kregs[record->batch_slot];
+                if (!sn__rec_merge(port, record, reg->events, reg->trigger)) {
+                    err = SN_ERROR_INVALID;
+                    break;
+                }
+                first->events = reg->events;
+                first->trigger = (uint8_t)(reg->trigger | (first->trigger & SN_TRIGGER_INTERNAL));
+                p->skip = 1;
+                p->kind = SN_MEMO_MERGED;
+                p->recno = record->batch_slot;
+                kreg->op = SN_OP_NONE;
+                continue;
+            }
             if (key_fixed && record != NULL && sn__rec_removing(record)) {
                 /* The kernel keeps this socket's key until the REMOVE
                    event is dequeued: the ENABLE waits for it in the
@@ -166,7 +188,7 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 sn__socket_identify(port, record);
             kreg->trigger |= record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : SN_TRIGGER_ADD;
             p->before = record->state;
-            if (!sn__rec_enable(port, record, reg->events, reg->trigger)) {
+            if (!sn__rec_enable(port, record, reg->events, reg->trigger, i)) {
                 if (p->fresh)
                     sn__record_retire(port, recno);
                 err = SN_ERROR_INVALID;
@@ -290,6 +312,11 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         sn_memo_t *p = &memos[i];
         sn_record_t *record;
         if (p->skip) {
+            if (p->kind == SN_MEMO_MERGED && i < callers) {
+                /* Merged into an earlier ENABLE of the batch: its verdict. */
+                regs[i].result = regs[p->recno].result;
+                continue;
+            }
             if (p->waits != SN_WAITS_NONE && failed_whole) {
                 /* Its REMOVE never reached the kernel: nothing to wait
                    for. (Unless the REMOVE event came meanwhile and the

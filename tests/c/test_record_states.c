@@ -63,7 +63,10 @@ typedef struct transition {
 
 static int t_open(sn_record_t *r) { return sn__rec_open(P, r, 7, 70); }
 static int t_enable(sn_record_t *r) {
-    return sn__rec_enable(P, r, SN_EVENT_IN, SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL);
+    return sn__rec_enable(P, r, SN_EVENT_IN, SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL, 3);
+}
+static int t_merge(sn_record_t *r) {
+    return sn__rec_merge(P, r, SN_EVENT_OUT, SN_TRIGGER_ONESHOT | SN_TRIGGER_LEVEL);
 }
 static int t_fire(sn_record_t *r) { return sn__rec_fire(P, r, 1); }
 static int t_heard(sn_record_t *r) { return sn__rec_heard(P, r); }
@@ -88,6 +91,7 @@ static int t_reborn(sn_record_t *r) { return sn__rec_reborn(P, r); }
 static const transition_t table[] = {
     {"open",      t_open,      {E,   NO,   NO,   NO,   NO,   NO}},
     {"enable",    t_enable,    {NO,  E,    E,    E,    NO,   NO}},
+    {"merge",     t_merge,     {NO,  SAME, NO,   NO,   NO,   NO}},
     {"fire",      t_fire,      {NO,  FI,   NO,   NO,   NO,   NO}},
     {"heard",     t_heard,     {NO,  NO,   SAME, NO,   NO,   NO}},
     {"rearm",     t_rearm,     {NO,  NO,   E,    NO,   NO,   NO}},
@@ -114,6 +118,9 @@ static void record_in(sn_record_t *r, int state) {
     r->state = (uint8_t)state;
     r->in_kernel = state == SN_REC_FREE ? 0 : 1;
     r->quiet = state >= SN_REC_REMOVING;
+    /* Marked as enabled in the batch being translated (a merge needs it). */
+    r->batch = P->batch_serial;
+    r->batch_slot = 2;
     if (state == SN_REC_REKEYING) {
         r->next_key = 51;
         r->next_events = SN_EVENT_OUT;
@@ -219,8 +226,24 @@ static void test_fields(void) {
     CHECK(r.generation == 9);                    /* the generation the key carries */
 
     record_in(&r, SN_REC_DISABLED);
-    CHECK(sn__rec_enable(P, &r, SN_EVENT_OUT, SN_TRIGGER_EDGE) == 1);
+    r.batch = 0;
+    CHECK(sn__rec_enable(P, &r, SN_EVENT_OUT, SN_TRIGGER_EDGE, 5) == 1);
     CHECK(r.events == SN_EVENT_OUT && r.trigger == SN_TRIGGER_EDGE);
+    CHECK(r.batch == P->batch_serial && r.batch_slot == 5);
+
+    /* One ENABLE per registration in a batch: a second merges into the
+       first; after a DISABLE (or REMOVE, re-key) of it in the batch, or in
+       another batch, there is nothing to merge into. */
+    CHECK(sn__rec_merge(P, &r, SN_EVENT_IN, SN_TRIGGER_LEVEL) == 1);
+    CHECK(r.events == SN_EVENT_IN && r.trigger == SN_TRIGGER_LEVEL && r.batch_slot == 5);
+    CHECK(sn__rec_disable(P, &r) == 1 && r.batch == 0);
+    CHECK(sn__rec_enable(P, &r, SN_EVENT_IN, SN_TRIGGER_LEVEL, 6) == 1);
+    P->batch_serial++;
+    refused = 0;
+    CHECK(sn__rec_merge(P, &r, SN_EVENT_OUT, SN_TRIGGER_LEVEL) == 0 && refused == 1);
+    CHECK(r.events == SN_EVENT_IN);
+    refused = 0;
+    CHECK(sn__rec_remove(P, &r, 1) == 1 && r.batch == 0);
 
     record_in(&r, SN_REC_FIRED);
     CHECK(sn__rec_remove(P, &r, 0) == 1 && r.quiet == 0);
@@ -323,6 +346,7 @@ int main(void) {
     if (handle == NULL)
         return 1;
     P = sn__layer(handle);
+    P->batch_serial = 7;
     sn__transition_hook = count_refusal;
     test_table();
     test_fields();
