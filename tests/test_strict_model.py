@@ -610,6 +610,170 @@ def test_port_two_enables_of_one_registration_in_one_call(modes):
         assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
 
 
+@pytest.mark.parametrize("modes", [0, lib.SN_MODEL_MODES_HARSHEST])
+@pytest.mark.parametrize("op", [OP_REMOVE, OP_DISABLE])
+def test_port_change_whose_calls_fail_whole_changed_nothing(op, modes):
+    """A REMOVE or DISABLE whose call fails as a whole, and whose call of
+    its own fails again, while a call with nothing in it does not: "the
+    entire operation failed, and no changes occurred". The registration is
+    still the kernel's, under its first key: the change is reported failed,
+    the port keeps its record as it was (still registered, still heard),
+    and a registration under a new key is a re-key, heard under that key,
+    not a new kernel key the kernel never takes (a deaf socket)."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, modes)
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 2)   # the batch's call, the change's own
+        change = Registration(a, 1, 0, op, trigger=PERSISTENT)
+        with pytest.raises(OSError):
+            port.process([change], timeout=0)
+        assert change.result != 0
+        assert port.registered == 1
+        assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_TIED_HERE
+        b.send(b"x")
+        assert wait_for(port, 1) == EVENT_IN
+        assert wait_for(port, 2, regs=[Registration(a, 2, EVENT_IN, trigger=PERSISTENT)]) \
+            == EVENT_IN
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("modes", [0, lib.SN_MODEL_MODES_HARSHEST])
+def test_port_enable_after_disable_of_a_reused_handle(modes):
+    """A DISABLE leaves a ProcessSocketNotifications registration in place
+    (unlike epoll's item, which it deletes). The socket closed and its
+    handle value taken by a new socket: the next ENABLE under the same
+    key must not renew the old registration's kernel key, under which a
+    notification for the closed socket is still queued."""
+    a, b = nonblocking_pair()
+    with Port("strict") as port:
+        set_modes(port, modes)
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        port.process([Registration(a, 1, 0, OP_DISABLE, trigger=PERSISTENT)], timeout=0)
+        control(port, lib.SN_MODEL_QUEUE, a, EVENT_IN)   # queued for a, before its close
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            notes = port.process([Registration(c, 1, EVENT_IN, trigger=PERSISTENT)],
+                                 timeout=0.3)
+            assert notes == []      # c has nothing to read: a's packet is stale
+            d.send(b"x")
+            assert wait_for(port, 1) == EVENT_IN
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", [OP_REMOVE, OP_DISABLE])
+def test_port_remove_of_a_reused_handle_leaves_its_new_owner_alone(op):
+    """A socket closed without its REMOVE, its handle value taken by a
+    socket another port registered (another loop's accept): this port's
+    REMOVE or DISABLE of the old registration must not reach the new
+    socket's, which an OS that does not check the port would remove
+    (SN_MODEL_MODE_REMOVE_ANY_PORT), leaving this port waiting for a REMOVE
+    event that never comes and the other port deaf. The identity check an
+    ENABLE makes tells the port the old socket is gone."""
+    a, b = nonblocking_pair()
+    with Port("strict") as mine, Port("strict") as theirs:
+        set_modes(mine, lib.SN_MODEL_MODES_HARSHEST)
+        mine.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            theirs.process([Registration(c, 7, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+            with pytest.raises(OSError):
+                mine.process([Registration(handle, 1, 0, op, trigger=PERSISTENT)], timeout=0)
+            assert mine.registered == 0
+            assert control(theirs, lib.SN_MODEL_TIED, c) == lib.SN_MODEL_TIED_HERE
+            d.send(b"x")
+            assert wait_for(theirs, 7) == EVENT_IN
+            assert mine.process(timeout=0.2) == []
+
+
+@pytest.mark.timeout(60)
+def test_selector_rearm_of_a_socket_whose_state_cannot_be_read():
+    """getsockopt(SO_BSP_STATE) may fail where it answered before (a reset
+    connection, an unbound socket): what the port could not read is
+    unknown, not "another socket", and the re-arm still goes to the
+    kernel. (It was dropped: the port read the failure as a socket bound
+    no more, and the reader waited for ever.)"""
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        assert [key.data for key, _ in sel.select(2)] == ["a"]
+        control(sel.port, lib.SN_MODEL_HIDE_STATE, a, 1)
+        try:
+            # Level-triggered, still unread: reported again.
+            assert [key.data for key, _ in sel.select(2)] == ["a"]
+        finally:
+            control(sel.port, lib.SN_MODEL_HIDE_STATE, a, 0)
+
+
+@pytest.mark.timeout(60)
+def test_port_second_thread_does_not_overtake_a_deferred_enable():
+    """A re-key whose quiet REMOVE fails (the socket closed meanwhile, its
+    handle value taken by another socket) frees the ENABLE it held back,
+    to ride in the call that waits. That ENABLE is translated and not yet
+    applied: another thread's REMOVE of the same registration must wait
+    for it, or it fails first (nothing registered yet), retires the
+    record, and the ENABLE then ties the socket under a retired key."""
+    a, b = nonblocking_pair()
+    port = Port("strict")
+    threads: list[threading.Thread] = []
+    handle = a.fileno()
+    port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+    c = d = None
+    try:
+        control(port, lib.SN_MODEL_HOLD, None, 3)    # the re-key's REMOVE
+
+        def rekey() -> None:
+            port.process([Registration(handle, 2, EVENT_IN)], timeout=0.5)
+
+        threads.append(threading.Thread(target=rekey))
+        threads[0].start()
+        deadline = time.monotonic() + 5
+        while control(port, lib.SN_MODEL_HOLD, None, 2) != 1:
+            assert time.monotonic() < deadline, "the REMOVE was never held"
+            time.sleep(0.01)
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        control(port, lib.SN_MODEL_HOLD, None, 1)    # the ENABLE the REMOVE frees
+        control(port, lib.SN_MODEL_HOLD, None, 4)    # the REMOVE goes on, and fails
+        deadline = time.monotonic() + 5
+        while control(port, lib.SN_MODEL_HOLD, None, 2) != 1:
+            assert time.monotonic() < deadline, "the deferred ENABLE was never held"
+            time.sleep(0.01)
+
+        def remove() -> None:
+            try:
+                port.process([Registration(handle, 2, op=OP_REMOVE)], timeout=0)
+            except OSError:
+                pass   # the REMOVE that overtook the ENABLE fails
+
+        threads.append(threading.Thread(target=remove))
+        threads[1].start()
+        time.sleep(0.3)   # room for the second thread to overtake
+    finally:
+        control(port, lib.SN_MODEL_HOLD, None, 0)
+        for t in threads:
+            t.join(10)
+    try:
+        for _ in range(3):
+            port.process(timeout=0.05)   # the REMOVE event, if any
+        assert port.registered == 0
+        assert c is not None
+        assert control(port, lib.SN_MODEL_TIED, c) == lib.SN_MODEL_UNTIED
+    finally:
+        port.close()
+        for s in (a, b, c, d):
+            if s is not None:
+                s.close()
+
+
 def test_port_modify_of_an_armed_registration():
     """The reference page: "Notifications must not be re-enabled until the
     SOCK_NOTIFY_EVENT_DISABLE notification is received". Where the OS

@@ -70,6 +70,10 @@ typedef struct sn_identity {
     uint32_t peer;        /* a hash of a stream socket's peer address */
     uint16_t local_port;  /* the port it is bound to */
     uint16_t kind;        /* address family, type and protocol; 0: unread */
+    /* 1 when the addresses were read: local_port 0 then means unbound.
+       0 when they could not be (the OS would not say): local_port and peer
+       are unknown, not "none". */
+    uint8_t  addressed;
 } sn_identity_t;
 
 /* Everything that differs between backends, in one table. The port layer
@@ -122,10 +126,26 @@ typedef struct sn_backend_ops {
    kernel key per socket". */
 #define SN_CAP_KEY_FIXED 0x100
 
-/* A backend's verdict for every registration of a call that failed as a
-   whole ("the entire operation failed, and no changes occurred"): the
-   port layer keeps each record as it was and reports the call's error. */
+/* Internal capability: a DISABLE disarms the kernel's registration and
+   leaves it in place (ProcessSocketNotifications: a later ENABLE renews
+   it, under its first key), where epoll's DISABLE deletes the item. The
+   port layer keeps `in_kernel` accordingly (sn_record.h), so that the
+   ENABLE after a DISABLE makes the checks of a renewal. */
+#define SN_CAP_DISABLE_KEEPS 0x200
+
+/* A backend's verdict for a registration that was not applied, because a
+   call that carried it failed as a whole ("the entire operation failed,
+   and no changes occurred"): the bit, with that call's error in the low
+   bits; SN_RESULT_UNAPPLIED (all ones) for every registration of a call
+   the backend gave up on, whose error is the call's return value. The
+   port layer keeps each such record as it was (unless the socket is gone
+   meanwhile: then closesocket() ended its registration) and reports the
+   error to the change's owner. */
+#define SN_RESULT_UNAPPLIED_BIT 0x80000000u
 #define SN_RESULT_UNAPPLIED 0xFFFFFFFFu
+SN_INLINE uint32_t sn__unapplied(uint32_t error) {
+    return SN_RESULT_UNAPPLIED_BIT | (error & 0x7FFFFFFEu);
+}
 
 /* Set by the port layer in a kernel registration's trigger (never by a
    caller: outside SN_TRIGGER_*): the registration is already in the

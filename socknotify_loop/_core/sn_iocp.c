@@ -48,7 +48,7 @@
  *     registration failed.)
  *   - One kernel key per socket until its REMOVE event is dequeued, and a
  *     call that fails applies nothing: the backends say so to the port
- *     layer (SN_CAP_KEY_FIXED, SN_RESULT_UNAPPLIED), which keeps every
+ *     layer (SN_CAP_KEY_FIXED, SN_RESULT_UNAPPLIED_BIT), which keeps every
  *     record accordingly; the strict backend (sn_model.c) enforces both
  *     in tests.
  *   - PSN's and our structures have the same field order but not the same
@@ -283,6 +283,13 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
     for (i = 0; i < count; i++) {
         if (routed[i])
             continue;
+        if (kregs[i].registrationResult & SN_RESULT_UNAPPLIED_BIT) {
+            /* Not applied (iocp__isolate): nothing to try again or hand
+               over; the port layer keeps the registration as it was. */
+            regs[i].result = (uint32_t)kregs[i].registrationResult;
+            refused |= sn__failure_is_news(&regs[i]);
+            continue;
+        }
         if (!ip->fn->polyfill && kregs[i].registrationResult != ERROR_SUCCESS &&
             kregs[i].registrationResult != WSAENOTSOCK && regs[i].op == SN_OP_ENABLE &&
             (regs[i].trigger & SN_TRIGGER_MODIFY_ONLY) &&
@@ -306,8 +313,11 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
    its owner has closed already. Sent again as it was, the batch would
    fail again at every call, and the loop with it. So each registration
    is applied alone, without waiting: those the OS takes are applied,
-   and one that fails a call of its own gets that call's error as its
-   own result, which reaches its owner alone. If every one fails alone
+   and one that fails a call of its own was not applied either: it is
+   marked so (sn__unapplied: the port layer keeps its record as it was,
+   unless the socket is gone, and its owner alone hears that call's
+   error: retiring the record instead would leave the kernel's
+   registration live under a key nothing reports). If every one fails alone
    and a call with no registration at all fails too, the fault is the
    port's, not a registration's: nothing was applied (SN_RESULT_UNAPPLIED,
    as before) and the error is returned. Returns 0 when the batch is
@@ -326,7 +336,8 @@ static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *re
         kregs[i].registrationResult = ERROR_SUCCESS;
         one = ip->fn->process(ip->iocp, 1, &kregs[i], 0, 0, NULL, NULL);
         if (iocp__whole_call_failed(one)) {
-            kregs[i].registrationResult = one;
+            /* Its own call failed as a whole: it changed nothing either. */
+            kregs[i].registrationResult = sn__unapplied(one);
             failed++;
         }
     }
@@ -600,8 +611,9 @@ static uint32_t iocp__hash(const unsigned char *p, int n) {
    addresses. The registration's own reading of the socket, so that a
    renewal after closesocket() cannot tie the socket that took the value
    (see sn_rearm.h, sn__socket_gone). An unbound socket may fail the
-   option (the reference page leaves it open): then only what SO_TYPE
-   says is known. */
+   option (the reference page leaves it open), a reset one may too: then
+   only what SO_TYPE says is known, and the addresses are unknown
+   (`addressed` 0), not "unbound". */
 int sn_iocp_identify_socket(SOCKET s, int bsp_state, sn_identity_t *out) {
     union {
         CSADDR_INFO info;
@@ -622,6 +634,7 @@ int sn_iocp_identify_socket(SOCKET s, int bsp_state, sn_identity_t *out) {
     /* The type alone: what the fallback above reads too, and what an
        unbound socket's answer (if it has one) already says right. */
     out->kind = (uint16_t)(0x8000u | (unsigned)(c->iSocketType & 0xff));
+    out->addressed = 1;
     /* Every sockaddr has its port right after its 2-byte family. */
     if (c->LocalAddr.lpSockaddr != NULL && c->LocalAddr.iSockaddrLength >= 4) {
         const unsigned char *a = (const unsigned char *)c->LocalAddr.lpSockaddr;

@@ -69,11 +69,12 @@ int sn_iocp_identify_socket(SOCKET s, int bsp_state, sn_identity_t *out);
    calls), how a socket is identified (the strict model plays failures of
    SO_BSP_STATE) and whether they add the polyfill's kernel-call counts to
    the port's (afd and strict, which run on the polyfill; NULL for psn).
-   One shape, one line each. */
+   One shape, one line each. A registration survives its DISABLE
+   (SN_CAP_DISABLE_KEEPS): it is disarmed, not removed. */
 #define IOCP_OPS(backend, honoured, is_available, open_port, identify_socket, counters) { \
     .id = (backend),                                                     \
     .triggers = (honoured),                                              \
-    .caps = SN_CAP_KEY_FIXED,                                            \
+    .caps = SN_CAP_KEY_FIXED | SN_CAP_DISABLE_KEEPS,                     \
     .available = (is_available),                                         \
     .open = (open_port),                                                 \
     .process = sn_iocp_process,                                          \

@@ -135,7 +135,8 @@ typedef struct model_port {
     uint32_t serial;          /* a port HANDLE value is reused; this is not */
     uint32_t fail_calls;      /* SN_MODEL_FAIL_CALLS */
     uint32_t modes;           /* SN_MODEL_MODE_* */
-    uint8_t hold;             /* SN_MODEL_HOLD: the next call with an ENABLE waits */
+    uint8_t hold;             /* SN_MODEL_HOLD: the next call carrying this operation
+                                 (SOCK_NOTIFY_OP_ENABLE or _REMOVE) waits; 0: none */
     uint8_t holding;          /* ... and such a call is waiting now */
     struct model_port *next;
 } model_port_t;
@@ -174,6 +175,10 @@ static sn_hash_t model__tied;
    value reused by another socket after closesocket() is not refused. */
 static model_reg_t model__refused[MODEL_REFUSED_MAX];
 static uint32_t model__refused_count;
+/* Sockets whose SO_BSP_STATE a test says fails (SN_MODEL_HIDE_STATE). */
+#define MODEL_HIDDEN_MAX 16
+static SOCKET model__hidden[MODEL_HIDDEN_MAX];
+static uint32_t model__hidden_count;
 
 /* The modes a new port starts with: SOCKNOTIFY_STRICT_MODES, a number
    (C syntax: 0x1f) or "harshest"; none when unset. */
@@ -202,6 +207,15 @@ static model_port_t *model__port(HANDLE iocp, int create) {
     mp->next = model__ports;
     model__ports = mp;
     return mp;
+}
+
+/* The live port with this serial, or NULL (model lock held). */
+static model_port_t *model__port_of(uint32_t serial) {
+    model_port_t *mp;
+    for (mp = model__ports; mp != NULL; mp = mp->next)
+        if (mp->serial == serial)
+            return mp;
+    return NULL;
 }
 
 static model_reg_t *model__find(SOCKET s) {
@@ -488,6 +502,18 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             (mp->modes & SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER) &&
             !(reg->triggerFlags & (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE)))
             return ERROR_INVALID_PARAMETER;
+        if (r != NULL && r->serial != mp->serial && r->port_alive &&
+            (mp->modes & SN_MODEL_MODE_REMOVE_ANY_PORT)) {
+            /* Nothing in the reference pages says a REMOVE or DISABLE is
+               checked against the port it is sent to: the registration is
+               the socket's, whichever port holds it. So it acts there, and
+               its REMOVE event goes to that port. */
+            model_port_t *holder = model__port_of(r->serial);
+            if (holder != NULL) {
+                mp = holder;
+                iocp = holder->iocp;
+            }
+        }
         if (r == NULL || r->serial != mp->serial || !r->port_alive ||
             (r->state == MODEL_REMOVING && reg->operation == SOCK_NOTIFY_OP_REMOVE))
             return ERROR_NOT_FOUND;
@@ -659,7 +685,7 @@ DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS) {
            and its application (not yet), where another thread's batch may
            overtake it. */
         for (i = 0; i < registrationCount; i++)
-            if (registrationInfos[i].operation == SOCK_NOTIFY_OP_ENABLE)
+            if (registrationInfos[i].operation == mp->hold)
                 break;
         if (i < registrationCount) {
             mp->hold = 0;
@@ -802,16 +828,36 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
         break;
     case SN_MODEL_HOLD:
         mp = model__port(iocp, 1);
-        if (mp == NULL || value < 0 || value > 2) {
+        answer = mp != NULL ? mp->holding : 0;
+        if (mp == NULL || value < 0 || value > 4) {
             answer = -(int64_t)ERROR_INVALID_PARAMETER;
-        } else if (value == 2) {
-            answer = mp->holding;
+        } else if (value == 1 || value == 3) {
+            mp->hold = value == 1 ? SOCK_NOTIFY_OP_ENABLE : SOCK_NOTIFY_OP_REMOVE;
+        } else if (value == 0 || value == 4) {
+            if (value == 0)
+                mp->hold = 0;
+            mp->holding = 0;
+            WakeAllConditionVariable(&model__released);
+        }
+        break;
+    case SN_MODEL_HIDE_STATE:
+        /* The port's reading of what the socket is (model__identify) meets
+           a SO_BSP_STATE that fails, as it may on Windows (the option's
+           page leaves the unbound socket open; a reset connection may
+           forget its addresses). */
+        if (value != 0 && value != 1) {
+            answer = -(int64_t)ERROR_INVALID_PARAMETER;
         } else {
-            answer = mp->holding;
-            mp->hold = (uint8_t)value;
-            if (value == 0) {
-                mp->holding = 0;
-                WakeAllConditionVariable(&model__released);
+            uint32_t k;
+            for (k = 0; k < model__hidden_count && model__hidden[k] != (SOCKET)socket; k++)
+                ;
+            if (k < model__hidden_count && !value)
+                model__hidden[k] = model__hidden[--model__hidden_count];
+            else if (k == model__hidden_count && value) {
+                if (model__hidden_count == MODEL_HIDDEN_MAX)
+                    answer = -(int64_t)ERROR_NOT_ENOUGH_MEMORY;
+                else
+                    model__hidden[model__hidden_count++] = (SOCKET)socket;
             }
         }
         break;
@@ -867,12 +913,27 @@ static int model__open(sn_port_t *port) {
     return sn_iocp_open(port, &sn_model_function);
 }
 
+/* What the socket under a handle value is, as the port code reads it
+   (sn_iocp.c), with SO_BSP_STATE failing for a socket a test names
+   (SN_MODEL_HIDE_STATE). */
+static int model__identify(sn_port_t *port, uint64_t socket, sn_identity_t *out) {
+    uint32_t k;
+    int bsp_state = 1;
+    (void)port;
+    AcquireSRWLockShared(&model__lock);
+    for (k = 0; k < model__hidden_count; k++)
+        if (model__hidden[k] == (SOCKET)socket)
+            bsp_state = 0;
+    ReleaseSRWLockShared(&model__lock);
+    return sn_iocp_identify_socket((SOCKET)socket, bsp_state, out);
+}
+
 /* The model makes edges from level snapshots plus a look at the socket at
    every call: the unforgiving reading of EDGE. */
 const sn_backend_ops_t sn_strict_ops = IOCP_OPS(
     SN_BACKEND_STRICT,
     SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE,
-    model__available, model__open, sn_iocp_identify, sn_iocp_add_afd_counters);
+    model__available, model__open, model__identify, sn_iocp_add_afd_counters);
 
 /* ------------------------------------------------------- the controls' entry */
 

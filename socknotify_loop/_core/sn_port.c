@@ -25,7 +25,9 @@
  * REMOVEs on close (SN_CAP_KEY_FIXED). "A socket may be associated with
  * only a single I/O completion port" (Microsoft's article "Winsock socket
  * state notifications"): a socket that outlives the port must not stay
- * tied to the dead one, so close() REMOVEs every live registration first.
+ * tied to the dead one, so close() REMOVEs every live registration first
+ * -- but not one whose socket was closed since, whose handle value may
+ * name another loop's socket now: checked as every REMOVE is.
  *
  * Sources read: Microsoft's article "Winsock socket state notifications"
  * and the ProcessSocketNotifications reference page; wepoll's port.c (a
@@ -152,7 +154,10 @@ static void sn__remove_all(sn_layer_t *port) {
         return;
     for (recno = 0; recno < port->records_cap && n < port->live_count; recno++) {
         sn_record_t *record = &port->records[recno];
-        if (!sn__rec_live(record))
+        /* A socket closed since, its handle value perhaps another's:
+           closesocket() ended the registration, and a REMOVE would reach
+           the stranger's (sn__socket_gone). */
+        if (!sn__rec_live(record) || (record->in_kernel && sn__socket_gone(port, record) != 0))
             continue;
         regs[n].socket = record->socket;
         regs[n].key = SN_KERNEL_KEY(recno, record->generation);

@@ -327,14 +327,16 @@ SN_INLINE int sn__rec_held(sn_layer_t *port, sn_record_t *r, int held) {
 
 /* Whether `now` is another socket than the one `was` describes: a fact
    known in both that differs, or a bound socket that is bound no more (a
-   socket never unbinds). A peer counts for stream sockets only (a
-   datagram socket may connect elsewhere), and only where both know it (a
-   reset connection may forget its peer). The local address is left out:
-   a wildcard bind reads as the interface chosen once connected. */
+   socket never unbinds) -- where `now` could read its addresses at all:
+   what the OS would not say is unknown, never "another socket". A peer
+   counts for stream sockets only (a datagram socket may connect
+   elsewhere), and only where both know it (a reset connection may forget
+   its peer). The local address is left out: a wildcard bind reads as the
+   interface chosen once connected. */
 SN_INLINE int sn__identity_differs(const sn_identity_t *was, const sn_identity_t *now) {
     if (was->kind != 0 && now->kind != 0 && was->kind != now->kind)
         return 1;
-    if (was->local_port != 0 && was->local_port != now->local_port)
+    if (now->addressed && was->local_port != 0 && was->local_port != now->local_port)
         return 1;
     return was->peer != 0 && now->peer != 0 && was->peer != now->peer;
 }
@@ -358,6 +360,7 @@ SN_INLINE int sn__rec_identify(sn_layer_t *port, sn_record_t *r, const sn_identi
         r->ident.local_port = now->local_port;
     if (now->peer != 0)
         r->ident.peer = now->peer;
+    r->ident.addressed |= now->addressed;
     return 1;
 }
 

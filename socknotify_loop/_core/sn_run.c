@@ -517,8 +517,15 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         err = sn__apply_before_wait(port, flags, regs, &scratch, events, callers, max_events,
                                     base, sink, &total, &ndeferred, &timeout_ms);
         callers = 0;
-        sn__order_leave(port, 0, unapplied);   /* settled */
-        unapplied = 0;
+        /* Settled. The ENABLEs it freed, if any, are translated and ride
+           in the wait: until that is settled the batch is still on its
+           way, and no thread may apply a change after it (sn__order_enter)
+           -- a REMOVE of the same registration would reach the kernel
+           first, fail, and retire the record under the ENABLE. */
+        if (total == 0) {
+            sn__order_leave(port, 0, unapplied);
+            unapplied = 0;
+        }
         if (err != 0)
             goto out;
     }

@@ -141,23 +141,28 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                 kreg->op = SN_OP_NONE;
                 continue;
             }
-            /* Re-keyed; or, under the same key, another socket than the
-               one registered: the value closed without a REMOVE and reused
-               (the selector makes an unregister and a register before
-               the next select one ENABLE). Both are a new registration,
-               which nothing queued for the old one may reach. */
-            if (record != NULL && sn__rec_live(record) &&
-                (record->user_key != reg->key ||
-                 (key_fixed && record->in_kernel && sn__socket_replaced(port, record)))) {
+            /* A live registration whose socket is gone: closed without a
+               REMOVE (closesocket() ended its registration), its handle
+               value perhaps another socket's now (the selector makes an
+               unregister and a register before the next select one
+               ENABLE). This ENABLE makes a new registration, which nothing
+               queued for the old one may reach: the old record retires,
+               with no REMOVE, which would act on the stranger's socket
+               (sn__socket_gone). */
+            if (record != NULL && sn__rec_live(record) && record->in_kernel &&
+                sn__socket_gone(port, record) != 0) {
+                sn__record_retire(port, recno);
+                record = NULL;
+            }
+            /* Re-keyed: a new registration of the same socket. */
+            if (record != NULL && sn__rec_live(record) && record->user_key != reg->key) {
                 if (key_fixed) {
-                    /* Re-keyed, or the value reused after a silent
-                       closesocket(): the port cannot tell which. The
-                       kernel keeps the old key for a live registration,
-                       and whatever it queued under it must not reach the
-                       new key. So: a quiet REMOVE now, and this ENABLE
-                       waits in the record for its REMOVE event (or goes
-                       at once if the REMOVE fails: the socket was closed,
-                       and the kernel holds nothing). */
+                    /* The kernel keeps the old key for a live
+                       registration, and whatever it queued under it must
+                       not reach the new key. So: a quiet REMOVE now, and
+                       this ENABLE waits in the record for its REMOVE event
+                       (or goes at once if the REMOVE fails: the socket was
+                       closed meanwhile, and the kernel holds nothing). */
                     p->before = record->state;
                     if (!sn__rec_rekey(port, record, reg->key, reg->events, reg->trigger)) {
                         err = SN_ERROR_INVALID;
@@ -170,12 +175,11 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                     kreg->trigger = SN_TRIGGER_QUIET;
                     kreg->key = SN_KERNEL_KEY(recno, record->generation);
                     continue;
-                } else {
-                    /* The socket value was reused (or re-keyed): whatever
-                       is queued under the old key must not reach this one. */
-                    sn__record_retire(port, recno);
-                    record = NULL;
                 }
+                /* Whatever is queued under the old key must not reach
+                   this one. */
+                sn__record_retire(port, recno);
+                record = NULL;
             }
             if (record == NULL || !sn__rec_live(record)) {
                 /* May grow (move) the table: `record` is not read after. */
@@ -213,6 +217,15 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             if (record == NULL || !sn__rec_live(record) ||
                 ((flags & SN_PROCESS_QUIET_REMOVE) && record->user_key != reg->key)) {
                 err = SN_ERROR_NOT_REGISTERED;
+                break;
+            }
+            /* Closed since it was registered, its handle value perhaps
+               another socket's: closesocket() ended the registration, and
+               a REMOVE or DISABLE sent now would act on the stranger's
+               (sn__socket_gone). The record retires; the change is
+               answered with why. */
+            if (record->in_kernel && (err = sn__socket_gone(port, record)) != 0) {
+                sn__record_retire(port, recno);
                 break;
             }
             /* A FIRED record leaves the re-arm list's concern either way:
@@ -259,9 +272,9 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
     return refused;
 }
 
-/* A registration of a call that failed as a whole (SN_RESULT_UNAPPLIED:
-   "no changes occurred"): put the record back as it was before the call
-   (lock held). */
+/* A registration a call that failed as a whole carried
+   (SN_RESULT_UNAPPLIED_BIT: "no changes occurred"): put the record back
+   as it was before the call (lock held). */
 static void sn__unapply(sn_layer_t *port, const sn_registration_t *kreg, sn_memo_t *p) {
     sn_record_t *record = &port->records[p->recno];
     if (record->state == SN_REC_FREE ||
@@ -327,13 +340,26 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             }
             continue;
         }
-        if (kregs[i].result == SN_RESULT_UNAPPLIED) {
-            if (i < callers)
-                regs[i].result = (uint32_t)call_error;
-            /* A re-key's REMOVE undone: the record goes back to what it
-               was, the ENABLE that waited with it. */
-            sn__unapply(port, &kregs[i], p);
-            continue;
+        if (kregs[i].result & SN_RESULT_UNAPPLIED_BIT) {
+            /* Not applied: a call that carried it failed as a whole, and
+               "no changes occurred". Unless its socket is gone meanwhile
+               (closesocket() ended the registration: then it failed as any
+               change fails, below), the record goes back to what it was
+               -- a re-key's REMOVE undone with the ENABLE that waited --
+               and the change's owner hears the call's error. */
+            uint32_t error = kregs[i].result == SN_RESULT_UNAPPLIED
+                                 ? (uint32_t)call_error
+                                 : kregs[i].result & ~SN_RESULT_UNAPPLIED_BIT;
+            record = &port->records[p->recno];
+            if (kregs[i].result == SN_RESULT_UNAPPLIED || record->state == SN_REC_FREE ||
+                SN_KERNEL_KEY(p->recno, record->generation) != kregs[i].key ||
+                sn__socket_gone(port, record) == 0) {
+                if (i < callers)
+                    regs[i].result = error;
+                sn__unapply(port, &kregs[i], p);
+                continue;
+            }
+            kregs[i].result = error;
         }
         if (i < callers)
             /* A re-key's REMOVE is ours: the caller's ENABLE waits. */
@@ -346,7 +372,12 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         if (kregs[i].result == 0) {
             if (kregs[i].op == SN_OP_ENABLE)
                 (void)sn__rec_held(port, record, 1);
-            else if (kregs[i].op == SN_OP_DISABLE)
+            /* In the backend's own meaning: epoll's DISABLE deletes the
+               item; ProcessSocketNotifications' disarms a registration
+               that stays (SN_CAP_DISABLE_KEEPS), which the next ENABLE
+               renews, with a renewal's checks. */
+            else if (kregs[i].op == SN_OP_DISABLE &&
+                     !(port->base.ops->caps & SN_CAP_DISABLE_KEEPS))
                 (void)sn__rec_held(port, record, 0);
             /* A quiet REMOVE retires now: nothing more will be reported
                under this registration's key. Not where the kernel keeps

@@ -333,10 +333,16 @@ int sn_raw_close(int backend, uint64_t handle);
                                    in the environment variable SOCKNOTIFY_STRICT_MODES (a
                                    number, or "harshest") */
 #define SN_MODEL_HOLD        6  /* value 1: the port's next call that carries an ENABLE
-                                   waits, before it applies anything, until value 0
-                                   releases it; value 2 asks whether a call waits (1) */
+                                   waits, before it applies anything, until released;
+                                   value 3: the same for a call that carries a REMOVE;
+                                   value 2 asks whether a call waits (1); value 4
+                                   releases the call that waits, value 0 releases it and
+                                   cancels a hold set for a later call */
 #define SN_MODEL_QUEUE       7  /* queue a notification with events `value` under
                                    `socket`'s key now, before whatever comes next */
+#define SN_MODEL_HIDE_STATE  8  /* value 1: the port's reading of what `socket` is finds
+                                   getsockopt(SO_BSP_STATE) failing (its type alone
+                                   known), as Windows may answer; 0: answering again */
 /* The model's modes (docs/strict-model.md gives each one's sentence of
    Microsoft's documentation). */
 #define SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL  0x01  /* a handle that is no socket fails the
@@ -359,7 +365,11 @@ int sn_raw_close(int backend, uint64_t handle);
                                                       CreateIoCompletionPort does: a handle
                                                       associated with another port already
                                                       is refused */
-#define SN_MODEL_MODES_HARSHEST              0x7F
+#define SN_MODEL_MODE_REMOVE_ANY_PORT        0x80  /* a REMOVE or DISABLE naming a socket
+                                                      another port holds acts on that
+                                                      registration (its REMOVE event goes
+                                                      to that port) */
+#define SN_MODEL_MODES_HARSHEST              0xFF
 #define SN_MODEL_UNTIED          0
 #define SN_MODEL_TIED_HERE       1
 #define SN_MODEL_TIED_REMOVING   2

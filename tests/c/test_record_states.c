@@ -81,7 +81,7 @@ static int t_take_back(sn_record_t *r) { return sn__rec_take_back(P, r); }
 static int t_restore(sn_record_t *r) { return sn__rec_restore(P, r, SN_REC_DISABLED); }
 static int t_held(sn_record_t *r) { return sn__rec_held(P, r, 1); }
 static int t_identify(sn_record_t *r) {
-    sn_identity_t now = {0x1234u, 4321u, 0x8001u};
+    sn_identity_t now = {0x1234u, 4321u, 0x8001u, 1};
     return sn__rec_identify(P, r, &now, 1);
 }
 static int t_free(sn_record_t *r) { return sn__rec_free(P, r); }
@@ -181,10 +181,13 @@ static void test_table(void) {
    another one. */
 static void test_identity(void) {
     sn_record_t r;
-    sn_identity_t unbound = {0, 0, 0x8001u}, bound = {0, 5000, 0x8001u};
-    sn_identity_t connected = {0xabcdu, 5000, 0x8001u}, reset = {0, 5000, 0x8001u};
-    sn_identity_t other_peer = {0xbcdeu, 5000, 0x8001u}, other_port = {0xabcdu, 6000, 0x8001u};
-    sn_identity_t datagram = {0, 0, 0x8002u};
+    sn_identity_t unbound = {0, 0, 0x8001u, 1}, bound = {0, 5000, 0x8001u, 1};
+    sn_identity_t connected = {0xabcdu, 5000, 0x8001u, 1}, reset = {0, 5000, 0x8001u, 1};
+    sn_identity_t other_peer = {0xbcdeu, 5000, 0x8001u, 1};
+    sn_identity_t other_port = {0xabcdu, 6000, 0x8001u, 1};
+    sn_identity_t datagram = {0, 0, 0x8002u, 1};
+    /* The type alone: the addresses could not be read (SO_BSP_STATE failed). */
+    sn_identity_t unread = {0, 0, 0x8001u, 0}, unread_datagram = {0, 0, 0x8002u, 0};
 
     record_in(&r, SN_REC_ENABLED);
     sn__rec_identify(P, &r, &unbound, 0);
@@ -201,6 +204,12 @@ static void test_identity(void) {
     CHECK(sn__identity_differs(&r.ident, &other_port));
     CHECK(sn__identity_differs(&r.ident, &unbound));    /* a socket never unbinds */
     CHECK(sn__identity_differs(&r.ident, &datagram));
+    /* What could not be read is unknown, not "unbound": the same socket,
+       as far as the port can tell -- and what is known of it stays. */
+    CHECK(!sn__identity_differs(&r.ident, &unread));
+    CHECK(sn__identity_differs(&r.ident, &unread_datagram));
+    sn__rec_identify(P, &r, &unread, 1);
+    CHECK(r.ident.local_port == 5000 && r.ident.peer == 0xabcdu && r.ident.addressed == 1);
     /* Replaced (a new registration): what was known goes. */
     sn__rec_identify(P, &r, &datagram, 0);
     CHECK(r.ident.peer == 0 && r.ident.local_port == 0 && r.ident.kind == 0x8002u);

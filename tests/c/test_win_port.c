@@ -72,10 +72,12 @@ static sn_port_t *open_strict(void) {
 #define GUARD_KEY 0x5a5a5a5a5a5a5a5aull
 
 /* READY readable sockets, registered persistent level under keys 100.., and
-   a socket `x`, registered under key 1, then closed and given a new key: its
-   REMOVE fails (closesocket ended the registration), the new ENABLE waits
-   for the next call and fails there. That call's answer holds the failure
-   and up to READY readiness entries. */
+   a socket `x`, registered under key 1, then given a new key in a call
+   that only registers: a quiet REMOVE goes to the kernel, and the new
+   ENABLE waits in the record for its REMOVE event. Then `x` is closed: the
+   call that dequeues the event sends the ENABLE that waited, which fails
+   (no socket). A later call's answer holds that failure and up to READY
+   readiness entries. */
 static void answer_setup(sn_port_t *port, SOCKET *a, SOCKET *b) {
     sn_registration_t regs[READY + 1];
     sn_notification_t notes[READY + 1];
@@ -93,13 +95,12 @@ static void answer_setup(sn_port_t *port, SOCKET *a, SOCKET *b) {
     CHECK_EQ(sn_port_process(port, 0, regs, READY + 1, 0, notes, READY + 1, &got), 0);
     for (i = 0; i <= READY; i++)
         CHECK_EQ(regs[i].result, 0);
+    /* A new key: a quiet REMOVE, and an ENABLE that waits for its event. */
+    regs[0] = reg(x, 2, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
+    CHECK_EQ(sn_port_process(port, 0, regs, 1, 0, notes, 0, &got), 0);
+    CHECK_EQ(regs[0].result, 0);
     closesocket(x);
     closesocket(xpeer);
-    /* The same handle value under a new key: a quiet REMOVE (which fails:
-       the socket is gone) and an ENABLE that waits for the next call. */
-    regs[0] = reg(x, 2, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
-    CHECK_EQ(sn_port_process(port, 0, regs, 1, 0, notes, READY + 1, &got), 0);
-    CHECK_EQ(regs[0].result, 0);
 }
 
 static void answer_teardown(sn_port_t *port, SOCKET *a, SOCKET *b) {
