@@ -126,7 +126,9 @@ SAME_ON_AFD = {"port closed after the socket's REMOVE", "ENABLE without LEVEL or
                "socket closed before its REMOVE event",
                "closesocket() with a notification queued",
                "socket tied by CreateIoCompletionPort", "failed connect, OUT-only filter",
-               "DISABLE without trigger flags", "a notification's lpOverlapped"}
+               "DISABLE without trigger flags", "a notification's lpOverlapped",
+               "two ENABLEs of one registration in one call", "REMOVE sent to another port",
+               "ENABLE (new filter) with a notification queued"}
 
 
 @pytest.mark.parametrize("question", probe.QUESTIONS, ids=lambda q: q.name)
@@ -139,6 +141,30 @@ def test_model_answers_strictly(question):
 @pytest.mark.xfail(strict=True, reason="the AFD polyfill forgives this rule")
 def test_forgiving_polyfill_answers_otherwise(question):
     assert probe.ask(question, "afd") == MODEL_ANSWERS[question.name]
+
+
+@pytest.mark.parametrize("mode, question, answer", [
+    ("NO_ENABLE_WHILE_ARMED", probe.two_enables_in_one_call,
+     f"second refused (error {ERROR_INVALID_PARAMETER})"),
+    ("REMOVE_ANY_PORT", probe.remove_from_another_port,
+     "accepted: the first port's registration removed"),
+    ("ENABLE_OVERWRITES", probe.second_port_enable_who_hears,
+     "accepted, overwrites: only the second port hears"),
+    ("QUEUED_BEFORE_MODIFY", probe.modify_with_a_notification_queued,
+     "queued notification delivered"),
+])
+def test_model_answers_the_harsher_readings_in_its_modes(monkeypatch, mode, question, answer):
+    """The questions the port's latest rules rest on, asked of the model
+    in the mode that takes the harsher reading of the documentation: what
+    the OS may do, which the port must survive (probe.MODEL_ANSWERS holds
+    the default's answers)."""
+    monkeypatch.setenv("SOCKNOTIFY_STRICT_MODES", str(getattr(lib, f"SN_MODEL_MODE_{mode}")))
+    assert question("strict") == answer
+
+
+def test_probe_asks_windows_itself():
+    answer = probe.bsp_state_after_reset()
+    assert answer.startswith(("answers after the reset", "fails after the reset")), answer
 
 
 def test_probe_compares_answers_by_meaning():
@@ -217,6 +243,8 @@ def test_probe_os_command_under_wine_runs_the_model():
     assert "the strict model assumes" in text
     for question in probe.QUESTIONS:
         assert question.name in text
+    for name, _ in probe.OS_QUESTIONS:
+        assert name in text
     if not available_backends()["psn"][0]:
         assert "the OS did" not in text
 

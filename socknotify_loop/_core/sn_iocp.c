@@ -513,15 +513,12 @@ int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
         goto out;
     }
     if (!ip->fn->polyfill) {
-        /* The polyfill's packets came out of the OS's wait: its own. (A
-           function of ours that waits as plainly as the OS's, with
-           GetQueuedCompletionStatusEx, may leave packets to the port: the
-           strict model's leaves the fallback's to this line, and any of a
-           registration it has dropped to the next.) */
+        /* The polyfill's packets came out of the OS's wait: its own. (The
+           strict model's wait leaves them to this line too, as the OS's
+           does: its own registrations live in an instance of the
+           polyfill's state apart from the fallback's.) */
         UINT32 left = (UINT32)sn_iocp_fallback_translate(&ip->fallbacks, ip->iocp,
                                                          entries, got);
-        if (ip->fn->leftovers != NULL)
-            left = (UINT32)ip->fn->leftovers(ip->iocp, entries, left);
         *dropped += got - left;
         got = left;
     }
@@ -621,7 +618,16 @@ int sn_iocp_identify_socket(SOCKET s, int bsp_state, sn_identity_t *out) {
     } buf;
     int len = (int)sizeof buf, type = 0;
     const CSADDR_INFO *c = &buf.info;
+    DWORD flags;
     memset(out, 0, sizeof *out);
+    /* A handle value closed already is told by the process's handle table
+       alone: no Winsock call, which is an I/O request on the socket (and
+       under Wine 8 one that races the socket's closesocket() in another
+       thread can outlive the socket object: see sn_afd.c, afd__closed).
+       The identity is read before a REMOVE too, and asyncio closes a
+       socket just after its unregister. */
+    if (!GetHandleInformation((HANDLE)s, &flags))
+        return WSAENOTSOCK;
     if (!bsp_state || getsockopt(s, SOL_SOCKET, SO_BSP_STATE, (char *)&buf, &len) != 0) {
         if (bsp_state && WSAGetLastError() == WSAENOTSOCK)
             return WSAENOTSOCK;

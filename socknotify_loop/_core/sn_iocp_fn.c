@@ -43,7 +43,7 @@ static INIT_ONCE iocp__psn_once = INIT_ONCE_STATIC_INIT;
 
 /* The polyfill: applies before it waits, and is ours. */
 static const iocp_function_t iocp__afd = {
-    sn_afd_process_socket_notifications, 1, 1, 1, NULL, NULL,
+    sn_afd_process_socket_notifications, 1, 1, 1, NULL,
 };
 
 static BOOL CALLBACK iocp__psn_lookup(PINIT_ONCE once, PVOID param, PVOID *context) {

@@ -26,9 +26,6 @@ typedef struct iocp_function {
     int emulated;
     /* It keeps state in the polyfill for the port, released at close. */
     int on_polyfill;
-    /* Packets its wait leaves for the port to translate, turned into
-       notifications in place; returns the entries left (NULL: none). */
-    ULONG (*leftovers)(HANDLE iocp, OVERLAPPED_ENTRY *entries, ULONG got);
     /* Forget what it keeps for a port that closes, before the polyfill
        does (NULL: nothing). */
     void (*closed)(HANDLE iocp);

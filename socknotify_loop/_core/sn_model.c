@@ -122,6 +122,12 @@
    packets (the polyfill's AFD_POLL_ONLY_ROUNDS, for the same reason). */
 #define MODEL_POLL_ROUNDS 4
 
+/* In a notification the model queues itself ("queued before" an
+   operation, SN_MODEL_QUEUE, a closed socket's): the model's wait hands it
+   on as it was queued, without the bookkeeping of a delivery, and strips
+   the bit. Event masks fit in a byte. */
+#define MODEL_QUEUED 0x10000u
+
 /* The errors the model answers with (see the essay). */
 #define MODEL_ERR_TIED      ERROR_INVALID_PARAMETER
 #define MODEL_ERR_PROVIDER  WSAEOPNOTSUPP
@@ -161,6 +167,14 @@ typedef struct model_reg {
 } model_reg_t;
 
 static SRWLOCK model__lock = SRWLOCK_INIT;
+/* The model's registrations live in its own instance of the polyfill's
+   state (SN_AFD_MODEL_COMPLETION_KEY), apart from the instance that serves
+   the port's refused sockets: two registrations of one socket, the model's
+   and the fallback's, are two, as the OS's and the polyfill's would be. */
+static DWORD model__afd(SN_PSN_PARAMETERS) {
+    return sn_afd_process_as(SN_AFD_MODEL_COMPLETION_KEY, SN_PSN_ARGUMENTS);
+}
+
 /* Where a call held by SN_MODEL_HOLD waits for its release. */
 static CONDITION_VARIABLE model__released = CONDITION_VARIABLE_INIT;
 /* socket -> its model_reg_t (the core's one hash table, sn_hash.h). */
@@ -183,8 +197,11 @@ static uint32_t model__hidden_count;
 /* The modes a new port starts with: SOCKNOTIFY_STRICT_MODES, a number
    (C syntax: 0x1f) or "harshest"; none when unset. */
 static uint32_t model__env_modes(void) {
-    const char *text = getenv("SOCKNOTIFY_STRICT_MODES");
-    if (text == NULL || *text == 0)
+    /* The process's environment block, not the C runtime's copy of it,
+       which a mingw-w64 build does not see Python's os.environ change. */
+    char text[64];
+    DWORD n = GetEnvironmentVariableA("SOCKNOTIFY_STRICT_MODES", text, sizeof text);
+    if (n == 0 || n >= sizeof text)
         return 0;
     if (strcmp(text, "harshest") == 0)
         return SN_MODEL_MODES_HARSHEST;
@@ -407,9 +424,25 @@ static DWORD model__tie(HANDLE iocp, const model_port_t *mp,
 static void model__closed(HANDLE iocp, model_port_t *mp, model_reg_t *r) {
     if ((mp->modes & SN_MODEL_MODE_STALE_AFTER_CLOSE) && r->serial == mp->serial &&
         r->port_alive && r->armed && r->state == MODEL_LIVE)
-        PostQueuedCompletionStatus(iocp, r->filter & (SOCK_NOTIFY_EVENT_IN |
-                                                      SOCK_NOTIFY_EVENT_OUT),
+        PostQueuedCompletionStatus(iocp, MODEL_QUEUED | (r->filter & (SOCK_NOTIFY_EVENT_IN |
+                                                                      SOCK_NOTIFY_EVENT_OUT)),
                                    r->key, NULL);
+    model__drop(r);
+}
+
+/* A registration another port's ENABLE overwrote (model lock held): the
+   polyfill forgets it at its port, if that port lives (quietly: its port
+   drops a REMOVE event it did not ask for), and the model drops it. */
+static void model__overwritten(model_reg_t *r) {
+    model_port_t *holder = r->port_alive ? model__port_of(r->serial) : NULL;
+    if (holder != NULL) {
+        SOCK_NOTIFY_REGISTRATION gone;
+        memset(&gone, 0, sizeof gone);
+        gone.socket = r->socket;
+        gone.completionKey = (PVOID)r->key;
+        gone.operation = SOCK_NOTIFY_OP_REMOVE;
+        model__afd(holder->iocp, 1, &gone, 0, 0, NULL, NULL);
+    }
     model__drop(r);
 }
 
@@ -435,8 +468,21 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             return WSAENOTSOCK;
         if (model__is_refused(reg->socket))
             return MODEL_ERR_PROVIDER;
-        if (r != NULL && (r->serial != mp->serial || !r->port_alive))
-            return MODEL_ERR_TIED;
+        if (r != NULL && (r->serial != mp->serial || !r->port_alive)) {
+            if (!(mp->modes & SN_MODEL_MODE_ENABLE_OVERWRITES))
+                return MODEL_ERR_TIED;
+            /* "Re-registering ... overwrites the existing registration":
+               the other port's registration ends, silently (its port
+               hears nothing more of the socket), and this one begins --
+               unless the socket's handle is associated with that port
+               (SN_MODEL_MODE_TIES_SOCKET), which CreateIoCompletionPort
+               refuses to undo. */
+            if ((mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
+                (error = model__tie(iocp, mp, reg)) != 0)
+                return error;
+            model__overwritten(r);
+            r = NULL;
+        }
         if (reg->triggerFlags & SOCK_NOTIFY_TRIGGER_EDGE)
             high = model__ready(reg->socket, reg->eventFilter);
         if (r == NULL && (mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
@@ -464,7 +510,7 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             /* Room in the table first: nothing may fail once the
                polyfill has the registration. */
             if ((error = (DWORD)sn_hash_reserve(&model__table)) == 0 &&
-                (error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+                (error = model__afd(iocp, 1, &poly, 0, 0, NULL,
                                                              NULL)) == 0)
                 error = poly.registrationResult;
             if (error != 0) {
@@ -478,11 +524,23 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             if ((mp->modes & SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED) && r->armed &&
                 r->state == MODEL_LIVE)
                 return MODEL_ERR_ARMED;
+            if ((mp->modes & SN_MODEL_MODE_QUEUED_BEFORE_MODIFY) && r->armed &&
+                r->state == MODEL_LIVE) {
+                /* What an armed registration whose socket is ready has
+                   queued already stays queued: delivered after this
+                   ENABLE, with the events of the filter it replaces (the
+                   polyfill would filter a completed poll with the new). */
+                uint8_t ready = model__ready(r->socket, r->filter);
+                if (model__is_edge(r))
+                    ready &= (uint8_t)~r->high;
+                if (ready != 0)
+                    PostQueuedCompletionStatus(iocp, MODEL_QUEUED | ready, r->key, NULL);
+            }
             probe.filter = reg->eventFilter;
             probe.trigger = reg->triggerFlags;
             probe.high = high;
             model__poly_enable(&probe, &poly);
-            if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+            if ((error = model__afd(iocp, 1, &poly, 0, 0, NULL,
                                                              NULL)) == 0)
                 error = poly.registrationResult;
             if (error != 0)
@@ -527,10 +585,10 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             if (model__is_edge(r))
                 ready &= (uint8_t)~r->high;
             if (ready != 0)
-                PostQueuedCompletionStatus(iocp, ready, r->key, NULL);
+                PostQueuedCompletionStatus(iocp, MODEL_QUEUED | ready, r->key, NULL);
         }
         poly.completionKey = (PVOID)r->key;
-        if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+        if ((error = model__afd(iocp, 1, &poly, 0, 0, NULL,
                                                          NULL)) == 0)
             error = poly.registrationResult;
         if (error != 0)
@@ -568,7 +626,7 @@ static void model__edges(HANDLE iocp, model_port_t *mp) {
         if (!r->edge_dirty)
             continue;
         model__poly_enable(r, &poly);
-        sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL, NULL);
+        model__afd(iocp, 1, &poly, 0, 0, NULL, NULL);
         r->edge_dirty = 0;
     }
 }
@@ -580,14 +638,23 @@ static ULONG model__filter(model_port_t *mp, OVERLAPPED_ENTRY *entries, ULONG go
     for (j = 0; j < got; j++) {
         OVERLAPPED_ENTRY *e = &entries[j];
         ULONG_PTR key = e->lpCompletionKey;
-        uint32_t events = e->dwNumberOfBytesTransferred;
+        uint32_t events = e->dwNumberOfBytesTransferred, queued;
         model_reg_t *r;
-        if (((uint64_t)key & SN_RESERVED_KEY_BIT) || key == 0 || e->lpOverlapped != NULL ||
-            (r = model__find_key(mp->serial, key)) == NULL) {
-            /* Not a registration of ours: untouched. Nor is the completion
-               of overlapped I/O on a socket the model tied to the port
+        if (((uint64_t)key & SN_RESERVED_KEY_BIT) || key == 0 || e->lpOverlapped != NULL) {
+            /* Not a notification: untouched. Nor is the completion of
+               overlapped I/O on a socket the model tied to the port
                (SN_MODEL_MODE_TIES_SOCKET), under a registration's key but
                with its OVERLAPPED: the model's notifications have none. */
+            entries[n++] = *e;
+            continue;
+        }
+        queued = events & MODEL_QUEUED;
+        events &= ~MODEL_QUEUED;
+        e->dwNumberOfBytesTransferred = events;
+        if ((r = model__find_key(mp->serial, key)) == NULL || queued) {
+            /* A registration the model no longer has (its packets, still
+               queued, are delivered as the OS would), or a notification
+               the model queued itself, delivered as it was queued. */
             entries[n++] = *e;
             continue;
         }
@@ -641,17 +708,14 @@ static DWORD model__plain_wait(HANDLE iocp, model_port_t *mp, UINT32 timeoutMs, 
         DWORD error = GetLastError();
         return error == WAIT_TIMEOUT ? WAIT_TIMEOUT : error;
     }
-    AcquireSRWLockExclusive(&model__lock);
+    (void)mp;
     for (j = 0; j < got; j++) {
         OVERLAPPED_ENTRY e = entries[j];
-        ULONG_PTR key = sn_afd_entry_key(iocp, &e);
-        if (key != 0 && model__find_key(mp->serial, key) != NULL) {
-            if (sn_afd_translate(iocp, &e, 1) == 0)
-                continue;     /* a poll of the model's with nothing to tell */
-        }
+        if (e.lpCompletionKey == SN_AFD_MODEL_COMPLETION_KEY &&
+            sn_afd_translate_as(SN_AFD_MODEL_COMPLETION_KEY, iocp, &e, 1) == 0)
+            continue;     /* a poll of the model's with nothing to tell */
         entries[n++] = e;
     }
-    ReleaseSRWLockExclusive(&model__lock);
     *raw = got;
     *got_out = (UINT32)n;
     return ERROR_SUCCESS;
@@ -723,7 +787,7 @@ DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS) {
             rc = model__plain_wait(completionPort, mp, timeoutMs, completionCount,
                                    completionPortEntries, &got, &raw);
         } else {
-            rc = sn_afd_process_socket_notifications(completionPort, 0, NULL, timeoutMs,
+            rc = model__afd(completionPort, 0, NULL, timeoutMs,
                                                      completionCount,
                                                      completionPortEntries, &got);
         }
@@ -871,7 +935,7 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
         if (r == NULL || !model__same_socket(r) || mp == NULL || r->serial != mp->serial ||
             value <= 0 || value > 0xff)
             answer = -(int64_t)ERROR_NOT_FOUND;
-        else if (!PostQueuedCompletionStatus(iocp, (DWORD)value, r->key, NULL))
+        else if (!PostQueuedCompletionStatus(iocp, MODEL_QUEUED | (DWORD)value, r->key, NULL))
             answer = -(int64_t)GetLastError();
         break;
     case SN_MODEL_KEY:
@@ -891,16 +955,9 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
 
 /* ---------------------------------------------------------- the backend */
 
-static ULONG model__leftovers(HANDLE iocp, OVERLAPPED_ENTRY *entries, ULONG got) {
-    /* In SN_MODEL_MODE_PLAIN_WAIT the polyfill's packets of a registration
-       the model has dropped are left to the port: translated here. */
-    return sn_afd_translate(iocp, entries, got);
-}
-
 /* Ours (no OVERLAPPED in its notifications), on the polyfill. */
 const iocp_function_t sn_model_function = {
-    sn_model_process_socket_notifications, 0, 1, 1, model__leftovers,
-    sn_model_port_closed,
+    sn_model_process_socket_notifications, 0, 1, 1, sn_model_port_closed,
 };
 
 static int model__available(const char **why) {

@@ -369,7 +369,15 @@ int sn_raw_close(int backend, uint64_t handle);
                                                       another port holds acts on that
                                                       registration (its REMOVE event goes
                                                       to that port) */
-#define SN_MODEL_MODES_HARSHEST              0xFF
+#define SN_MODEL_MODE_QUEUED_BEFORE_MODIFY   0x100  /* an ENABLE of an armed registration
+                                                      whose socket is ready leaves the
+                                                      notification of the filter it replaces
+                                                      queued */
+#define SN_MODEL_MODE_ENABLE_OVERWRITES      0x200  /* an ENABLE of a socket another port
+                                                      holds takes the registration over
+                                                      (the other port hears nothing more)
+                                                      instead of being refused */
+#define SN_MODEL_MODES_HARSHEST              0x3FF
 #define SN_MODEL_UNTIED          0
 #define SN_MODEL_TIED_HERE       1
 #define SN_MODEL_TIED_REMOVING   2
