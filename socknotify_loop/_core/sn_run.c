@@ -658,10 +658,8 @@ int sn_port_change(sn_port_t *handle, uint64_t socket, uint64_t key, uint16_t ev
    through the same parts: the re-arms, when they fit SN_QUICK_REARMS, are
    prepared, applied and settled under the table lock (sn__apply_at_once,
    for the reason it gives); then one wait without the lock, the delivery
-   under it, and sn__run's own rule for waiting again. Under callgrind on
-   CPython 3.14, the select calls of a streams round trip (four) cost about
-   3,300 instructions in the core through sn__run and 2,300 through this
-   path.
+   under it, and sn__run's own rule for waiting again (its cost against
+   sn__run's: docs/design.md, "The C core's files").
    Returns 1 when it answered the call (*err set); 0 when sn__run must:
    the port is not in that case (nothing done yet), or the wait dequeued
    only stale events, and sn__run -- the one owner of "wait again" -- waits
