@@ -49,9 +49,9 @@ from socknotify_loop.selector import EVENT_READ, EVENT_WRITE, NotifySelector
 pytestmark = pytest.mark.skipif(not WINDOWS, reason="the strict model runs on Windows only")
 
 if WINDOWS and not hasattr(lib, "sn_model_control"):
-    # The model's controls are in the cdef of a test build only
-    # (SOCKNOTIFY_TESTING=1, _core/sn_testing.h): a production build here
-    # would skip every test below in silence.
+    # The model and its controls are in a test build only
+    # (SOCKNOTIFY_TESTING=1: SN_TESTING, socknotify.h's CDEF-TESTING part):
+    # a production build here would skip every test below in silence.
     raise ImportError("the strict model's tests need a test build of the core "
                       "(SOCKNOTIFY_TESTING=1; tools/wine test and all make one)")
 
@@ -723,6 +723,28 @@ def test_port_remove_of_a_reused_handle_leaves_its_new_owner_alone(op):
             d.send(b"x")
             assert wait_for(theirs, 7) == EVENT_IN
             assert mine.process(timeout=0.2) == []
+
+
+@pytest.mark.timeout(60)
+def test_selector_unregister_whose_calls_fail_whole_is_finished_by_the_port():
+    """The selector's unregister is a quiet REMOVE: it forgets the
+    registration whatever the port answers. One that a call failing as a
+    whole did not apply (the kernel still holds the registration, under
+    its first key) is the port's to finish with the next call: left as it
+    was, it would be re-armed and reported for nobody at every select, and
+    the socket stay tied to the port."""
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")          # readable: what stays armed fires at every select
+        assert [key.data for key, _ in sel.select(2)] == ["a"]
+        sel.unregister(a)
+        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, 2)   # its call, and its own
+        assert sel.select(0) == []
+        for _ in range(3):
+            assert sel.select(0.1) == []
+        assert control(sel.port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
+        assert sel.port.registered == 0
 
 
 @pytest.mark.timeout(60)

@@ -29,8 +29,10 @@ typedef struct sn_memo {
 /* SN_MEMO_MERGED: a caller's second ENABLE of a registration in one
    batch, merged into the first (sn_translate.c), whose index `recno`
    holds and whose result it shares. */
+/* SN_MEMO_RESENT: a quiet REMOVE of the port's own, sent again after a
+   call that failed as a whole did not apply it (sn_rearm.c). */
 enum { SN_MEMO_CALLER = 0, SN_MEMO_REARM = 1, SN_MEMO_DEFERRED = 2,
-       SN_MEMO_DEFERRED_FAILED = 3, SN_MEMO_MERGED = 4 };
+       SN_MEMO_DEFERRED_FAILED = 3, SN_MEMO_MERGED = 4, SN_MEMO_RESENT = 5 };
 
 /* Why a caller's ENABLE is not in the kernel batch as an ENABLE. */
 enum {

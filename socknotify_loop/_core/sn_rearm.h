@@ -33,6 +33,16 @@ SN_INLINE int sn__rearm_push(sn_layer_t *port, uint32_t recno) {
    the next call. Returns 0, the list unchanged, if there is no memory. */
 int sn__deferred_push(sn_layer_t *port, uint32_t recno);
 
+/* Note a removing record whose quiet REMOVE was not applied (a call that
+   failed as a whole carried it): sent again with the next call. Returns
+   0, the list unchanged, if there is no memory. */
+int sn__unsent_push(sn_layer_t *port, uint32_t recno);
+
+/* The quiet REMOVEs that were not applied, written into kregs/memos (at
+   most `limit`; the rest stay queued); returns how many. */
+uint32_t sn__prepare_unsent(sn_layer_t *port, sn_registration_t *kregs, sn_memo_t *memos,
+                            uint32_t limit);
+
 /* Whether the registration a record stands for is gone from the kernel
    because its socket is: closed without a REMOVE (closesocket()
    deregisters silently), its handle value perhaps handed to a new socket.
@@ -139,7 +149,7 @@ uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs, sn_mem
 void sn__report_deferred_failures(const sn_registration_t *kregs, const sn_memo_t *memos,
                                   uint32_t from, uint32_t count, sn_sink_t *sink);
 
-/* Release both lists (the port is closing; no thread inside). */
+/* Release the lists (the port is closing; no thread inside). */
 void sn__rearm_free(sn_layer_t *port);
 
 #endif /* SN_REARM_H */

@@ -296,13 +296,16 @@ static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *
     if (flags & SN_PROCESS_REARM)
         port->rearm_mode = 1;
     if (sn__scratch_fit(port, s, count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0) +
-                                 port->deferred_count) != 0)
+                                 port->deferred_count + port->unsent_count) != 0)
         return SN_ERROR_NO_MEMORY;
     /* The caller's changes first: a registration it removes or re-enables
        in this call is then no longer due for a re-arm of ours. */
     *refused = count != 0 ? sn__prepare(port, flags, regs, s->kregs, s->memos, count) : 0;
     if ((flags & SN_PROCESS_REARM) && port->rearm_count != 0)
         internal = sn__prepare_rearms(port, s->kregs + count, s->memos + count);
+    if (port->unsent_count != 0)
+        internal += sn__prepare_unsent(port, s->kregs + count + internal,
+                                       s->memos + count + internal, UINT32_MAX);
     *ndeferred = 0;
     if (port->deferred_count != 0) {
         *ndeferred = sn__prepare_deferred(port, s->kregs + count + internal,
@@ -677,7 +680,8 @@ int sn__run_quick(sn_layer_t *port, int64_t *timeout_ms, sn_kevent_t *events,
             SN_CAP_CHANGES_AT_ONCE)
         return 0;
     sn_mutex_lock(&port->lock);
-    if (port->deferred_count != 0 || port->rearm_count > SN_QUICK_REARMS) {
+    if (port->deferred_count != 0 || port->unsent_count != 0 ||
+        port->rearm_count > SN_QUICK_REARMS) {
         sn_mutex_unlock(&port->lock);
         return 0;
     }

@@ -292,6 +292,13 @@ static void sn__unapply(sn_layer_t *port, const sn_registration_t *kreg, sn_memo
             sn__record_retire(port, p->recno);
         return;
     }
+    if (p->kind == SN_MEMO_RESENT) {
+        /* Still removing: once more with the next call, memory allowing
+           (else the registration stays the kernel's under a key nothing
+           reports, as after a failed REMOVE). */
+        (void)sn__unsent_push(port, p->recno);
+        return;
+    }
     if (kreg->op == SN_OP_ENABLE && p->fresh) {
         sn__record_retire(port, p->recno);   /* the kernel never had it */
         return;
@@ -354,6 +361,16 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             if (kregs[i].result == SN_RESULT_UNAPPLIED || record->state == SN_REC_FREE ||
                 SN_KERNEL_KEY(p->recno, record->generation) != kregs[i].key ||
                 sn__socket_gone(port, record) == 0) {
+                /* A quiet REMOVE is the port's to finish: its caller
+                   forgets the registration (sn__prepare_unsent). */
+                if (kregs[i].op == SN_OP_REMOVE && (kregs[i].trigger & SN_TRIGGER_QUIET) &&
+                    p->waits == SN_WAITS_NONE && record->state == SN_REC_REMOVING &&
+                    SN_KERNEL_KEY(p->recno, record->generation) == kregs[i].key &&
+                    sn__unsent_push(port, p->recno)) {
+                    if (i < callers)
+                        regs[i].result = 0;
+                    continue;
+                }
                 if (i < callers)
                     regs[i].result = error;
                 sn__unapply(port, &kregs[i], p);
@@ -395,6 +412,15 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             kregs[i].events = record->events;
             p->kind = SN_MEMO_DEFERRED_FAILED;
             sn__record_retire(port, p->recno);
+            continue;
+        }
+        if (p->kind == SN_MEMO_RESENT) {
+            /* A quiet REMOVE sent again failed: the socket is gone (or
+               the registration with it), and no REMOVE event will come. */
+            if (record->state == SN_REC_REKEYING)
+                sn__rebirth(port, p->recno);
+            else
+                sn__record_retire(port, p->recno);
             continue;
         }
         /* A failed re-arm of ours: the descriptor went away under its
