@@ -72,13 +72,162 @@ static int sn__valid_trigger(const sn_backend_ops_t *ops, uint8_t trigger) {
     }
 }
 
+/* What translating one of the caller's changes came to (besides an error
+   code, > 0): its kernel registration goes to the kernel under the
+   record's key (SN_PREP_KEYED), or the change was arranged whole -- its
+   kernel registration and memo written (SN_PREP_DONE). */
+enum { SN_PREP_KEYED = 0, SN_PREP_DONE = -1 };
+
+/* The caller's ENABLE at index `i` of the batch, for `record` (the used
+   record of its socket, or NULL) at *recno (lock held). */
+static int sn__prepare_enable(sn_layer_t *port, const sn_registration_t *reg,
+                              sn_registration_t *kregs, uint32_t i, sn_memo_t *p,
+                              sn_record_t *record, uint32_t *recno) {
+    sn_registration_t *kreg = &kregs[i];
+    int key_fixed = (port->base.ops->caps & SN_CAP_KEY_FIXED) != 0, err;
+    if (reg->events & ~(SN_EVENT_IN | SN_EVENT_OUT | SN_EVENT_HANGUP))
+        return SN_ERROR_INVALID;
+    if ((err = sn__valid_trigger(port->base.ops, reg->trigger)) != 0)
+        return err;
+    if (record != NULL && record->batch == port->batch_serial &&
+        record->state == SN_REC_ENABLED && record->user_key == reg->key) {
+        /* Enabled already in this batch (register, then modify, before the
+           call): one ENABLE per registration reaches the kernel, with the
+           last filter. A kernel may refuse a second ENABLE of a
+           registration the first armed. */
+        sn_registration_t *first = &kregs[record->batch_slot];
+        if (!sn__rec_merge(port, record, reg->events, reg->trigger))
+            return SN_ERROR_INVALID;
+        first->events = reg->events;
+        first->trigger = (uint8_t)(reg->trigger | (first->trigger & SN_TRIGGER_INTERNAL));
+        p->skip = 1;
+        p->kind = SN_MEMO_MERGED;
+        p->recno = record->batch_slot;
+        kreg->op = SN_OP_NONE;
+        return SN_PREP_DONE;
+    }
+    if (key_fixed && record != NULL && sn__rec_removing(record)) {
+        /* The kernel keeps this socket's key until the REMOVE event is
+           dequeued: the ENABLE waits for it in the record, and goes to the
+           kernel under a new key then. */
+        if (!sn__rec_wait(port, record, reg->key, reg->events, reg->trigger))
+            return SN_ERROR_INVALID;
+        p->recno = *recno;
+        p->skip = 1;
+        p->waits = SN_WAITS_HELD;
+        kreg->op = SN_OP_NONE;
+        return SN_PREP_DONE;
+    }
+    /* A live registration whose socket is gone: closed without a REMOVE
+       (closesocket() ended its registration), its handle value perhaps
+       another socket's now (the selector makes an unregister and a
+       register before the next select one ENABLE). This ENABLE makes a
+       new registration, which nothing queued for the old one may reach:
+       the old record retires, with no REMOVE, which would act on the
+       stranger's socket (sn__socket_gone). */
+    if (record != NULL && sn__rec_live(record) && record->in_kernel &&
+        sn__socket_gone(port, record) != 0) {
+        sn__record_retire(port, *recno);
+        record = NULL;
+    }
+    /* Re-keyed: a new registration of the same socket. */
+    if (record != NULL && sn__rec_live(record) && record->user_key != reg->key) {
+        if (key_fixed) {
+            /* The kernel keeps the old key for a live registration, and
+               whatever it queued under it must not reach the new key. So:
+               a quiet REMOVE now, and this ENABLE waits in the record for
+               its REMOVE event (or goes at once if the REMOVE fails: the
+               socket was closed meanwhile, and the kernel holds nothing). */
+            p->before = record->state;
+            if (!sn__rec_rekey(port, record, reg->key, reg->events, reg->trigger))
+                return SN_ERROR_INVALID;
+            p->waits = SN_WAITS_REKEY;
+            p->recno = *recno;
+            kreg->op = SN_OP_REMOVE;
+            kreg->events = 0;
+            kreg->trigger = SN_TRIGGER_QUIET;
+            kreg->key = SN_KERNEL_KEY(*recno, record->generation);
+            return SN_PREP_DONE;
+        }
+        /* Whatever is queued under the old key must not reach this one. */
+        sn__record_retire(port, *recno);
+        record = NULL;
+    }
+    if (record == NULL || !sn__rec_live(record)) {
+        /* May grow (move) the table: `record` is not read after. */
+        if ((err = sn__record_new(port, reg->socket, reg->key, recno)) != 0)
+            return err;
+        p->fresh = 1;
+    }
+    record = &port->records[*recno];
+    if (!record->in_kernel)
+        sn__socket_identify(port, record);
+    kreg->trigger |= record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : SN_TRIGGER_ADD;
+    p->before = record->state;
+    if (!sn__rec_enable(port, record, reg->events, reg->trigger, i)) {
+        if (p->fresh)
+            sn__record_retire(port, *recno);
+        return SN_ERROR_INVALID;
+    }
+    return SN_PREP_KEYED;
+}
+
+/* The caller's DISABLE or REMOVE, for `record` (the used record of its
+   socket, or NULL) at `recno` (lock held). */
+static int sn__prepare_removal(sn_layer_t *port, uint32_t flags, const sn_registration_t *reg,
+                               sn_registration_t *kreg, sn_memo_t *p, sn_record_t *record,
+                               uint32_t recno) {
+    int err;
+    if (reg->op == SN_OP_REMOVE && record != NULL &&
+        record->state == SN_REC_REKEYING && record->next_key == reg->key) {
+        /* The ENABLE that waits for the REMOVE event is taken back: the
+           kernel never heard of it. */
+        if (!sn__rec_take_back(port, record))
+            return SN_ERROR_INVALID;
+        p->skip = 1;
+        kreg->op = SN_OP_NONE;
+        return SN_PREP_DONE;
+    }
+    /* Input from outside: a change for no live registration of the
+       caller's is refused with an error, never a transition. */
+    if (record == NULL || !sn__rec_live(record) ||
+        ((flags & SN_PROCESS_QUIET_REMOVE) && record->user_key != reg->key))
+        return SN_ERROR_NOT_REGISTERED;
+    /* Closed since it was registered, its handle value perhaps another
+       socket's: closesocket() ended the registration, and a REMOVE or
+       DISABLE sent now would act on the stranger's (sn__socket_gone). The
+       record retires; the change is answered with why. */
+    if (record->in_kernel && (err = sn__socket_gone(port, record)) != 0) {
+        sn__record_retire(port, recno);
+        return err;
+    }
+    /* A FIRED record leaves the re-arm list's concern either way: nothing
+       for a re-arm to renew. */
+    p->before = record->state;
+    if (reg->op == SN_OP_REMOVE) {
+        if (!sn__rec_remove(port, record, (flags & SN_PROCESS_QUIET_REMOVE) != 0))
+            return SN_ERROR_INVALID;
+        if (flags & SN_PROCESS_QUIET_REMOVE)
+            kreg->trigger |= SN_TRIGGER_QUIET;
+        return SN_PREP_KEYED;
+    }
+    /* Nothing is reported from now on, even what the kernel had queued
+       before ("might still be delivered"). */
+    if (!sn__rec_disable(port, record))
+        return SN_ERROR_INVALID;
+    /* With the trigger of the ENABLE it ends, whatever the caller gave:
+       the reference page's "one of LEVEL or EDGE must be supplied" may
+       hold for DISABLE too. */
+    kreg->trigger = record->trigger;
+    return SN_PREP_KEYED;
+}
+
 /* Translate the caller's registrations into kernel ones (lock held).
    Returns how many of them were refused before reaching the kernel whose
    failure is news (sn__caller_news). */
 uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                      sn_registration_t *kregs, sn_memo_t *memos, uint32_t count) {
     uint32_t i, refused = 0;
-    int key_fixed = (port->base.ops->caps & SN_CAP_KEY_FIXED) != 0;
     /* A new batch: what an earlier one marked is no longer in it. */
     if (++port->batch_serial == 0)
         port->batch_serial = 1;
@@ -88,7 +237,7 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         sn_memo_t *p = &memos[i];
         sn_record_t *record;
         uint32_t recno = 0;
-        int err = 0;
+        int err;
 
         *kreg = *reg;
         kreg->result = 0;
@@ -102,154 +251,11 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
 
         switch (reg->op) {
         case SN_OP_ENABLE:
-            if (reg->events & ~(SN_EVENT_IN | SN_EVENT_OUT | SN_EVENT_HANGUP)) {
-                err = SN_ERROR_INVALID;
-                break;
-            }
-            if ((err = sn__valid_trigger(port->base.ops, reg->trigger)) != 0)
-                break;
-            if (record != NULL && record->batch == port->batch_serial &&
-                record->state == SN_REC_ENABLED && record->user_key == reg->key) {
-                /* Enabled already in this batch (register, then modify,
-                   before the call): one ENABLE per registration reaches
-                   the kernel, with the last filter. A kernel may refuse
-                   a second ENABLE of a registration the first armed. */
-                sn_registration_t *first = &kregs[record->batch_slot];
-                if (!sn__rec_merge(port, record, reg->events, reg->trigger)) {
-                    err = SN_ERROR_INVALID;
-                    break;
-                }
-                first->events = reg->events;
-                first->trigger = (uint8_t)(reg->trigger | (first->trigger & SN_TRIGGER_INTERNAL));
-                p->skip = 1;
-                p->kind = SN_MEMO_MERGED;
-                p->recno = record->batch_slot;
-                kreg->op = SN_OP_NONE;
-                continue;
-            }
-            if (key_fixed && record != NULL && sn__rec_removing(record)) {
-                /* The kernel keeps this socket's key until the REMOVE
-                   event is dequeued: the ENABLE waits for it in the
-                   record, and goes to the kernel under a new key then. */
-                if (!sn__rec_wait(port, record, reg->key, reg->events, reg->trigger)) {
-                    err = SN_ERROR_INVALID;
-                    break;
-                }
-                p->recno = recno;
-                p->skip = 1;
-                p->waits = SN_WAITS_HELD;
-                kreg->op = SN_OP_NONE;
-                continue;
-            }
-            /* A live registration whose socket is gone: closed without a
-               REMOVE (closesocket() ended its registration), its handle
-               value perhaps another socket's now (the selector makes an
-               unregister and a register before the next select one
-               ENABLE). This ENABLE makes a new registration, which nothing
-               queued for the old one may reach: the old record retires,
-               with no REMOVE, which would act on the stranger's socket
-               (sn__socket_gone). */
-            if (record != NULL && sn__rec_live(record) && record->in_kernel &&
-                sn__socket_gone(port, record) != 0) {
-                sn__record_retire(port, recno);
-                record = NULL;
-            }
-            /* Re-keyed: a new registration of the same socket. */
-            if (record != NULL && sn__rec_live(record) && record->user_key != reg->key) {
-                if (key_fixed) {
-                    /* The kernel keeps the old key for a live
-                       registration, and whatever it queued under it must
-                       not reach the new key. So: a quiet REMOVE now, and
-                       this ENABLE waits in the record for its REMOVE event
-                       (or goes at once if the REMOVE fails: the socket was
-                       closed meanwhile, and the kernel holds nothing). */
-                    p->before = record->state;
-                    if (!sn__rec_rekey(port, record, reg->key, reg->events, reg->trigger)) {
-                        err = SN_ERROR_INVALID;
-                        break;
-                    }
-                    p->waits = SN_WAITS_REKEY;
-                    p->recno = recno;
-                    kreg->op = SN_OP_REMOVE;
-                    kreg->events = 0;
-                    kreg->trigger = SN_TRIGGER_QUIET;
-                    kreg->key = SN_KERNEL_KEY(recno, record->generation);
-                    continue;
-                }
-                /* Whatever is queued under the old key must not reach
-                   this one. */
-                sn__record_retire(port, recno);
-                record = NULL;
-            }
-            if (record == NULL || !sn__rec_live(record)) {
-                /* May grow (move) the table: `record` is not read after. */
-                if ((err = sn__record_new(port, reg->socket, reg->key, &recno)) != 0)
-                    break;
-                p->fresh = 1;
-            }
-            record = &port->records[recno];
-            if (!record->in_kernel)
-                sn__socket_identify(port, record);
-            kreg->trigger |= record->in_kernel ? SN_TRIGGER_MODIFY_ONLY : SN_TRIGGER_ADD;
-            p->before = record->state;
-            if (!sn__rec_enable(port, record, reg->events, reg->trigger, i)) {
-                if (p->fresh)
-                    sn__record_retire(port, recno);
-                err = SN_ERROR_INVALID;
-            }
+            err = sn__prepare_enable(port, reg, kregs, i, p, record, &recno);
             break;
         case SN_OP_DISABLE:
         case SN_OP_REMOVE:
-            if (reg->op == SN_OP_REMOVE && record != NULL &&
-                record->state == SN_REC_REKEYING && record->next_key == reg->key) {
-                /* The ENABLE that waits for the REMOVE event is taken
-                   back: the kernel never heard of it. */
-                if (!sn__rec_take_back(port, record)) {
-                    err = SN_ERROR_INVALID;
-                    break;
-                }
-                p->skip = 1;
-                kreg->op = SN_OP_NONE;
-                continue;
-            }
-            /* Input from outside: a change for no live registration of
-               the caller's is refused with an error, never a transition. */
-            if (record == NULL || !sn__rec_live(record) ||
-                ((flags & SN_PROCESS_QUIET_REMOVE) && record->user_key != reg->key)) {
-                err = SN_ERROR_NOT_REGISTERED;
-                break;
-            }
-            /* Closed since it was registered, its handle value perhaps
-               another socket's: closesocket() ended the registration, and
-               a REMOVE or DISABLE sent now would act on the stranger's
-               (sn__socket_gone). The record retires; the change is
-               answered with why. */
-            if (record->in_kernel && (err = sn__socket_gone(port, record)) != 0) {
-                sn__record_retire(port, recno);
-                break;
-            }
-            /* A FIRED record leaves the re-arm list's concern either way:
-               nothing for a re-arm to renew. */
-            p->before = record->state;
-            if (reg->op == SN_OP_REMOVE) {
-                if (!sn__rec_remove(port, record, (flags & SN_PROCESS_QUIET_REMOVE) != 0)) {
-                    err = SN_ERROR_INVALID;
-                    break;
-                }
-                if (flags & SN_PROCESS_QUIET_REMOVE)
-                    kreg->trigger |= SN_TRIGGER_QUIET;
-            } else {
-                /* Nothing is reported from now on, even what the kernel
-                   had queued before ("might still be delivered"). */
-                if (!sn__rec_disable(port, record)) {
-                    err = SN_ERROR_INVALID;
-                    break;
-                }
-                /* With the trigger of the ENABLE it ends, whatever the
-                   caller gave: the reference page's "one of LEVEL or EDGE
-                   must be supplied" may hold for DISABLE too. */
-                kreg->trigger = record->trigger;
-            }
+            err = sn__prepare_removal(port, flags, reg, kreg, p, record, recno);
             break;
         case SN_OP_NONE:
             p->skip = 1;
@@ -258,7 +264,9 @@ uint32_t sn__prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             err = SN_ERROR_INVALID;
             break;
         }
-        if (err != 0) {
+        if (err == SN_PREP_DONE)
+            continue;
+        if (err != SN_PREP_KEYED) {
             reg->result = (uint32_t)err;
             p->skip = 1;
             refused += (uint32_t)sn__caller_news(reg, flags);
