@@ -2,8 +2,11 @@
 
 The cdef is read from the one public header, ``_core/socknotify.h``, between
 its CDEF markers, so the C declarations and what Python sees cannot drift.
-A test build (SOCKNOTIFY_TESTING=1) adds those of ``_core/sn_testing.h``,
-the strict model's controls, which the production interface leaves out.
+A test build (SOCKNOTIFY_TESTING=1 in the build's environment) compiles the
+core with ``SN_TESTING`` defined -- the strict model of
+ProcessSocketNotifications (``sn_model.c``), its controls and the ``strict``
+backend -- and adds the header's CDEF-TESTING declarations to the cdef; a
+production build (the wheels, ``pip install .``) carries none of it.
 ``setup.py`` names ``socknotify_loop/_build.py:ffibuilder`` in
 ``cffi_modules``; the Windows cross-build (``tools/wine/``) imports the
 same ``ffibuilder`` and emits its C code for mingw-w64. A build-time file:
@@ -23,17 +26,21 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE = os.path.join(HERE, "_core")
 HEADER = os.path.join(CORE, "socknotify.h")
-#: The test-only declarations (the strict model's controls), in the cdef of
-#: a test build alone: SOCKNOTIFY_TESTING=1 in the environment of the build.
-TESTING_HEADER = os.path.join(CORE, "sn_testing.h")
+#: The environment variable that asks for a test build: ``1`` compiles the
+#: core with SN_TESTING defined and adds the header's test-only declarations
+#: (between its CDEF-TESTING markers) to the cdef.
 TESTING = "SOCKNOTIFY_TESTING"
+#: The markers of the production declarations and of the test-only ones.
+CDEF_MARKERS = ("CDEF-BEGIN", "CDEF-END")
+TESTING_MARKERS = ("CDEF-TESTING-BEGIN", "CDEF-TESTING-END")
 
 # One C file per concern (docs/design.md has the map); each backend file
 # compiles to nothing on the operating systems it does not serve (#ifdef
 # guards inside). The port is sn_port.c (its life cycle) and the files it
 # is split into; the completion-port backends are sn_iocp.c (the port and
 # its ops tables) and the sn_iocp_*.c it is split into; the AFD polyfill is
-# sn_afd.c (its entry point) and the sn_afd_*.c it is split into.
+# sn_afd.c (its entry point) and the sn_afd_*.c it is split into. The strict
+# model (sn_model.c) compiles to nothing outside a test build.
 PORT_SOURCES = [
     "sn_port.c", "sn_backends.c", "sn_table.c", "sn_hash.c", "sn_translate.c",
     "sn_rearm.c", "sn_run.c", "sn_select.c",
@@ -46,14 +53,28 @@ SOURCES = PORT_SOURCES + [
 ]
 
 
-def read_cdef(path: str = HEADER) -> str:
-    """Return the declarations between the header's CDEF markers."""
+def read_cdef(markers: tuple[str, str] = CDEF_MARKERS, path: str = HEADER) -> str:
+    """Return the declarations between the header's two ``markers``
+    (CDEF_MARKERS: the production interface; TESTING_MARKERS: what a test
+    build adds)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    match = re.search(r"/\* CDEF-BEGIN \*/(.*)/\* CDEF-END \*/", text, re.S)
+    begin, end = (re.escape(marker) for marker in markers)
+    match = re.search(rf"/\* {begin} \*/(.*?)/\* {end} \*/", text, re.S)
     if match is None:
-        raise RuntimeError(f"{path}: CDEF markers not found")
+        raise RuntimeError(f"{path}: {markers[0]} / {markers[1]} markers not found")
     return match.group(1)
+
+
+def testing_requested() -> bool:
+    """Whether the build's environment asks for a test build."""
+    return os.environ.get(TESTING) == "1"
+
+
+def core_macros(testing: bool) -> list[tuple[str, str]]:
+    """The preprocessor definitions the core is compiled with for the kind
+    of build (the mingw-w64 cross-build, tools/wine, passes them too)."""
+    return [("SN_TESTING", "1")] if testing else []
 
 
 def windows_libraries() -> list[str]:
@@ -101,10 +122,10 @@ def check_free_threaded_cffi() -> None:
 
 def make_builder(target_windows: bool | None = None, testing: bool | None = None) -> FFI:
     """Build the FFI object; target_windows overrides the host OS (cross builds);
-    testing (default: SOCKNOTIFY_TESTING=1 in the environment) adds the
-    test-only declarations of ``_core/sn_testing.h``."""
+    testing (default: SOCKNOTIFY_TESTING=1 in the environment) makes a test
+    build (see the top of this file)."""
     if testing is None:
-        testing = os.environ.get(TESTING) == "1"
+        testing = testing_requested()
     native_windows = sys.platform == "win32"
     if target_windows is None:
         target_windows = native_windows
@@ -119,15 +140,18 @@ def make_builder(target_windows: bool | None = None, testing: bool | None = None
         # The mingw-w64 cross-build (tools/wine/) passes its own flags.
         compile_args = []
     builder = FFI()
-    builder.cdef(read_cdef() + (read_cdef(TESTING_HEADER) if testing else ""))
+    builder.cdef(read_cdef() + (read_cdef(TESTING_MARKERS) if testing else ""))
+    macros = core_macros(testing)
+    if native_windows:
+        macros += free_threaded_windows_macros()
     builder.set_source(
         "socknotify_loop._socknotify",
-        '#include "sn_testing.h"\n' if testing else '#include "socknotify.h"\n',
+        '#include "socknotify.h"\n',
         sources=[os.path.relpath(os.path.join(CORE, name)) for name in SOURCES],
         include_dirs=[os.path.relpath(CORE)],
         libraries=windows_libraries() if target_windows else [],
         extra_compile_args=compile_args,
-        define_macros=free_threaded_windows_macros() if native_windows else [],
+        define_macros=macros,
     )
     return builder
 

@@ -93,12 +93,25 @@ _ALL_TRIGGERS = TRIGGER_ONESHOT | TRIGGER_PERSISTENT | TRIGGER_LEVEL | TRIGGER_E
 _OPS = (OP_NONE, OP_ENABLE, OP_DISABLE, OP_REMOVE)
 _MAX_KEY = (1 << 64) - 1
 
-_BACKENDS = {"epoll": lib.SN_BACKEND_EPOLL, "psn": lib.SN_BACKEND_PSN, "afd": lib.SN_BACKEND_AFD,
-             "strict": lib.SN_BACKEND_STRICT}
+_BACKENDS = {"epoll": lib.SN_BACKEND_EPOLL, "psn": lib.SN_BACKEND_PSN, "afd": lib.SN_BACKEND_AFD}
+#: Whether the core is a test build (SOCKNOTIFY_TESTING=1 when it was
+#: compiled): only such a build has the strict model (backend ``strict``)
+#: and its controls.
+TEST_BUILD: bool = hasattr(lib, "SN_BACKEND_STRICT")
+if TEST_BUILD:
+    _BACKENDS["strict"] = lib.SN_BACKEND_STRICT
+#: Why a production build has no ``strict`` backend, and how to get one.
+_NO_STRICT = ("the strict model of ProcessSocketNotifications is compiled into test builds "
+              "only: build the core with SOCKNOTIFY_TESTING=1 in the environment "
+              "(SOCKNOTIFY_TESTING=1 pip install -e .; `python -m tools.wine test` does so)"
+              if sys.platform == "win32" else
+              "the strict model of ProcessSocketNotifications runs only on Windows, in a "
+              "test build of the core (SOCKNOTIFY_TESTING=1 when it is built)")
 
 #: Names of the kernel-call counters, in the core's order (SN_COUNT_*).
 COUNTER_NAMES = ("waits", "changes", "wakes", "drains",
-                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "fallbacks")
+                 "afd_polls", "afd_cancels", "afd_dequeues", "afd_posts", "fallbacks",
+                 "refused")
 assert len(COUNTER_NAMES) == lib.SN_COUNTERS
 
 
@@ -256,11 +269,12 @@ class Registration:
 
 def available_backends() -> Dict[str, Tuple[bool, str]]:
     """``{name: (available, reason)}`` for every backend of the core."""
-    buf = ffi.new("char[]", 256)
+    buf = ffi.new("char[]", 512)
     answer = {}
     for name, number in _BACKENDS.items():
-        ok = bool(lib.sn_backend_available(number, buf, 256))
+        ok = bool(lib.sn_backend_available(number, buf, 512))
         answer[name] = (ok, ffi.string(buf).decode("utf-8", "replace"))
+    answer.setdefault("strict", (False, _NO_STRICT))
     return answer
 
 
@@ -296,8 +310,8 @@ class Port:
 
     ``backend`` is ``'epoll'``, ``'psn'`` (the OS's ProcessSocketNotifications),
     ``'afd'`` (the IOCTL_AFD_POLL polyfill), ``'strict'`` (for tests: the
-    strict model of ProcessSocketNotifications, never chosen unless named),
-    or None for the environment
+    strict model of ProcessSocketNotifications, in a test build of the core
+    only, never chosen unless named), or None for the environment
     variable ``SOCKNOTIFY_BACKEND`` or else the best one available. Asking
     for a backend this machine lacks raises :class:`OSError` with the reason.
 
@@ -310,6 +324,8 @@ class Port:
 
     def __init__(self, backend: Optional[str] = None) -> None:
         name = _requested_backend(backend)
+        if name not in _BACKENDS:
+            raise OSError(errno.ENOSYS, f"backend {name!r} is not available: {_NO_STRICT}")
         error = ffi.new("int *")
         handle = lib.sn_port_open(_BACKENDS[name], error)
         if handle == ffi.NULL:
@@ -334,7 +350,7 @@ class Port:
 
     @property
     def backend(self) -> str:
-        """The backend's name: ``'epoll'``, ``'psn'`` or ``'afd'``."""
+        """The backend's name: ``'epoll'``, ``'psn'``, ``'afd'`` or ``'strict'``."""
         return self._backend
 
     @property
@@ -379,7 +395,10 @@ class Port:
         GetQueuedCompletionStatusEx dequeues and posted packets; on psn and
         strict, ``fallbacks``: registrations the port's own function refused
         for a socket still open, which the polyfill took over on the same
-        port."""
+        port. ``refused`` is no kernel call: it counts faults of the core's
+        own, transitions of its records refused as starting from a wrong
+        state (each answered with an error for the change that asked); it
+        stays 0."""
         out = ffi.new("uint64_t[]", len(COUNTER_NAMES))
         n = lib.sn_port_counters(self._handle, out, len(COUNTER_NAMES))
         return {COUNTER_NAMES[i]: int(out[i]) for i in range(n)}
@@ -691,6 +710,8 @@ class RawPort:
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
+        if backend not in _BACKENDS:
+            raise OSError(errno.ENOSYS, f"backend {backend!r} is not available: {_NO_STRICT}")
         self._number = _BACKENDS[backend]
         handle = ffi.new("uint64_t *")
         err = lib.sn_raw_open(self._number, handle)

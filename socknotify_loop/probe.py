@@ -25,7 +25,16 @@ on Windows 11 or Server 2022 settles them:
   with which error?),
 - a failed non-blocking connect watched for OUT only (does ERR come?),
 - DISABLE with no trigger flags (refused?),
-- what a notification's lpOverlapped (reserved) holds (NULL?).
+- what a notification's lpOverlapped (reserved) holds (NULL?),
+- two ENABLEs of one registration in one call (is the second refused?),
+- an ENABLE on a second port (refused, or does it overwrite the first
+  port's registration: which port hears?),
+- an ENABLE with a new filter after a notification was queued (is the
+  queued one still delivered?),
+- a REMOVE sent to a port that does not hold the socket (refused, or is
+  the other port's registration removed: does REMOVE check the port?),
+- and of Windows itself: does getsockopt(SO_BSP_STATE) answer for a
+  connection the peer reset?
 
 Answers are compared by meaning: "refused (error 87)" and "refused (error
 10045)" are the same answer to "is it refused?", and the report marks only
@@ -43,6 +52,7 @@ from __future__ import annotations
 import platform
 import re
 import socket
+import struct
 import sys
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, TextIO, Tuple
@@ -312,6 +322,89 @@ def failed_connect_out_only(backend: str) -> str:
         return "OUT without ERR" if _keys(notes, EVENT_OUT) else "nothing"
 
 
+def two_enables_in_one_call(backend: str) -> str:
+    # One registration enabled twice in one call (asyncio's register()
+    # then modify() before the next select): is the second refused, for
+    # the registration the first has just armed?
+    a, b = _pair()
+    with a, b, RawPort(backend) as port:
+        rc, results, _ = port.call([(a, 19, EVENT_IN, OP_ENABLE, ONESHOT),
+                                    (a, 19, EVENT_IN | EVENT_OUT, OP_ENABLE, ONESHOT)], 0, 0)
+        if rc not in (0, WAIT_TIMEOUT, ERROR_TIMEOUT):
+            return f"whole call failed (error {rc})"
+        if results[1] and not results[0]:
+            return f"second refused (error {results[1]})"
+        if results[0] or results[1]:
+            return f"refused (results {results})"
+        return "both accepted, " + ("second filter used" if _keys(port.collect(300), EVENT_OUT)
+                                    else "first filter kept")
+
+
+def modify_with_a_notification_queued(backend: str) -> str:
+    # A one-shot registration for IN that fired (data arrived, nobody
+    # dequeued yet), then ENABLEd for OUT: is the IN notification queued
+    # before the ENABLE still delivered?
+    a, b = _pair()
+    with a, b, RawPort(backend) as port:
+        problem = _enable(port, a, 23, EVENT_IN, ONESHOT)
+        if problem:
+            return problem
+        b.send(b"x")
+        time.sleep(0.1)          # the notification is queued by now
+        problem = _enable(port, a, 23, EVENT_OUT, ONESHOT)
+        if problem:
+            return f"second ENABLE {problem}"
+        return ("queued notification delivered" if _keys(port.collect(300), EVENT_IN)
+                else "nothing of the old filter")
+
+
+def second_port_enable_who_hears(backend: str) -> str:
+    # A socket registered with one port and ENABLEd on a second: refused,
+    # or does the second ENABLE overwrite the first registration ("re-
+    # registering ... overwrites the existing registration")?
+    a, b = _pair()
+    with a, b, RawPort(backend) as first:
+        problem = _enable(first, a, 20, EVENT_IN, PERSISTENT)
+        if problem:
+            return f"first port {problem}"
+        with RawPort(backend) as second:
+            problem = _enable(second, a, 21, EVENT_IN, PERSISTENT)
+            if problem:
+                return problem
+            b.send(b"x")
+            first_hears = bool(_keys(first.collect(300), EVENT_IN))
+            second_hears = bool(_keys(second.collect(300), EVENT_IN))
+    return {(True, True): "accepted; both ports hear",
+            (False, True): "accepted, overwrites: only the second port hears",
+            (True, False): "accepted; only the first port hears",
+            (False, False): "accepted; neither port hears"}[(first_hears, second_hears)]
+
+
+def remove_from_another_port(backend: str) -> str:
+    # A REMOVE sent to a port that does not hold the socket, which another
+    # port holds: does REMOVE check the port, or remove the other port's
+    # registration?
+    a, b = _pair()
+    with a, b, RawPort(backend) as first:
+        problem = _enable(first, a, 22, EVENT_IN, PERSISTENT)
+        if problem:
+            return f"first port {problem}"
+        with RawPort(backend) as second:
+            rc, results, _ = second.call([(a, 22, 0, OP_REMOVE, 0)], 0, 0)
+            if rc not in (0, WAIT_TIMEOUT, ERROR_TIMEOUT):
+                return f"whole call failed (error {rc})"
+            if results[0]:
+                return f"refused (error {results[0]})"
+            b.send(b"x")
+            there = first.collect(300)
+            here = second.collect(300)
+    if _keys(there, EVENT_REMOVE) or (not _keys(there, EVENT_IN) and not _keys(here, EVENT_REMOVE)):
+        return "accepted: the first port's registration removed"
+    if _keys(here, EVENT_REMOVE):
+        return "accepted: the first port's registration removed, its REMOVE event here"
+    return "accepted, nothing removed"
+
+
 #: In a raw notification's events: the packet carried an lpOverlapped
 #: (``sn_raw_process``, ``_core/sn_iocp_fn.c``).
 _RAW_OVERLAPPED = 1 << 31
@@ -372,7 +465,84 @@ QUESTIONS: Tuple[Question, ...] = (
     Question("DISABLE without trigger flags",
              _after_enable(17, EVENT_IN, PERSISTENT, _disable_without_trigger)),
     Question("a notification's lpOverlapped", notification_overlapped),
+    Question("two ENABLEs of one registration in one call", two_enables_in_one_call),
+    Question("ENABLE on a second port: who hears", second_port_enable_who_hears),
+    Question("ENABLE (new filter) with a notification queued",
+             modify_with_a_notification_queued),
+    Question("REMOVE sent to another port", remove_from_another_port),
 )
+
+
+#: getsockopt's level and SO_BSP_STATE (ws2def.h), and the offsets of
+#: CSADDR_INFO's two address lengths on x64 (each a SOCKET_ADDRESS: a
+#: pointer, then the length).
+_SO_BSP_STATE = 0x1009
+_LOCAL_LENGTH = struct.Struct("=8xi")
+_REMOTE_LENGTH = struct.Struct("=24xi")
+
+
+def bsp_state_after_reset() -> str:
+    """What getsockopt(SO_BSP_STATE) answers for a connection the peer
+    reset: the port reads a socket's identity with it before every renewal
+    and REMOVE, and takes a failure for "unknown"."""
+    a, b = _pair()
+    with a:
+        try:
+            before = a.getsockopt(socket.SOL_SOCKET, _SO_BSP_STATE, 256)
+        except OSError as exc:
+            b.close()
+            return f"fails even connected (error {getattr(exc, 'winerror', exc.errno)})"
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        b.close()                 # a reset
+        time.sleep(0.1)
+        try:
+            a.recv(1)
+        except OSError:
+            pass                  # the reset, as expected
+        try:
+            after = a.getsockopt(socket.SOL_SOCKET, _SO_BSP_STATE, 256)
+        except OSError as exc:
+            return f"fails after the reset (error {getattr(exc, 'winerror', exc.errno)})"
+    local = _LOCAL_LENGTH.unpack_from(after)[0] if len(after) >= 28 else 0
+    remote = _REMOTE_LENGTH.unpack_from(after)[0] if len(after) >= 28 else 0
+    had_remote = _REMOTE_LENGTH.unpack_from(before)[0] if len(before) >= 28 else 0
+    return ("answers after the reset: local address " + ("kept" if local else "gone") +
+            ", peer address " + ("kept" if remote else "gone" if had_remote else "never known"))
+
+
+#: Questions about the operating system rather than the function: asked
+#: once, answered by this Windows whatever the backend.
+OS_QUESTIONS: Tuple[Tuple[str, Callable[[], str]], ...] = (
+    ("SO_BSP_STATE after a reset", bsp_state_after_reset),
+)
+
+#: What the strict model answers in its default modes (no SN_MODEL_MODE_*
+#: set), question by question: the readings the port is written against.
+#: The probe prints them for a build without the model (a production
+#: build); tests/test_strict_model.py checks the model answers so.
+MODEL_ANSWERS: Dict[str, str] = {
+    "key change without REMOVE": "first key kept",
+    "REMOVE then ENABLE (new key) in one call": "first key kept; REMOVE under [1]",
+    "delivery after DISABLE": "queued notification delivered",
+    "socket registered with another port": "refused (error 87)",
+    "port closed with the socket registered": "refused (error 87)",
+    "port closed after the socket's REMOVE": "accepted",
+    "edge-triggered, not drained": "one notification until drained",
+    "ENABLE without LEVEL or EDGE": "refused (error 87)",
+    "closed handle in a batch": "its registration failed (error 1168), the rest applied",
+    "LEVEL|ONESHOT re-armed, data unread": "fires again at once",
+    "ENABLE of an armed registration, new filter": "accepted, new filter used",
+    "socket closed before its REMOVE event": "REMOVE event delivered",
+    "closesocket() with a notification queued": "delivered after the close",
+    "socket tied by CreateIoCompletionPort": "accepted",
+    "failed connect, OUT-only filter": "ERR reported",
+    "DISABLE without trigger flags": "accepted",
+    "a notification's lpOverlapped": "lpOverlapped NULL",
+    "two ENABLEs of one registration in one call": "both accepted, second filter used",
+    "ENABLE on a second port: who hears": "refused (error 87)",
+    "ENABLE (new filter) with a notification queued": "nothing of the old filter",
+    "REMOVE sent to another port": "refused (error 1168)",
+}
 
 
 def meaning(answer: str) -> str:
@@ -392,12 +562,14 @@ def ask(question: Question, backend: str) -> str:
 def probe(out: TextIO = sys.stdout) -> Dict[str, Dict[str, str]]:
     """Ask every question of the OS's function (where it exists), of the
     strict model and of the AFD polyfill; print a table; return
-    ``{question: {backend: answer}}``."""
+    ``{question: {backend: answer}}``. A production build has no strict
+    model: its column is then what the model answers (MODEL_ANSWERS)."""
     if sys.platform != "win32":
         raise OSError("the OS probe asks Windows's ProcessSocketNotifications: "
                       "run it on Windows")
     available = available_backends()
     has_psn, why = available["psn"]
+    has_model = available["strict"][0]
     columns = (["psn"] if has_psn else []) + ["strict", "afd"]
     titles = {"psn": "the OS did", "strict": "the strict model assumes",
               "afd": "the AFD polyfill does"}
@@ -405,9 +577,15 @@ def probe(out: TextIO = sys.stdout) -> Dict[str, Dict[str, str]]:
     out.write(f"ProcessSocketNotifications: {why}\n")
     if not has_psn:
         out.write("The OS lacks the function: only the model (and the polyfill) answer.\n")
+    if not has_model:
+        out.write("This build has no strict model (a test build's): its answers below are "
+                  "the ones it gives in its default modes, as recorded.\n")
     answers: Dict[str, Dict[str, str]] = {}
     for question in QUESTIONS:
-        answers[question.name] = {backend: ask(question, backend) for backend in columns}
+        answers[question.name] = {
+            backend: (ask(question, backend) if backend != "strict" or has_model
+                      else MODEL_ANSWERS[question.name])
+            for backend in columns}
     width = max(len(q.name) for q in QUESTIONS)
     for backend in columns:
         out.write(f"\n{titles[backend]}:\n")
@@ -417,6 +595,14 @@ def probe(out: TextIO = sys.stdout) -> Dict[str, Dict[str, str]]:
             if backend == "psn" and meaning(answer) != meaning(answers[question.name]["strict"]):
                 mark = "   <-- differs from the model"
             out.write(f"  {question.name:<{width}}  {answer}{mark}\n")
+    out.write("\nthis Windows:\n")
+    for name, ask_os in OS_QUESTIONS:
+        try:
+            answer = ask_os()
+        except OSError as exc:
+            answer = f"error: {exc}"
+        answers[name] = {"os": answer}
+        out.write(f"  {name:<{width}}  {answer}\n")
     out.write(REPORT_REQUEST if has_psn else REPORT_NO_PSN)
     return answers
 

@@ -60,14 +60,33 @@ def test_free_threaded_windows_build_defines_py_gil_disabled(monkeypatch):
     monkeypatch.setattr(build.sysconfig, "get_config_var",
                         lambda name: 1 if name == "Py_GIL_DISABLED" else real(name))
     monkeypatch.setattr(build.cffi, "__version_info__", (2, 0, 0))
-    macros = build.make_builder()._assigned_source[3]["define_macros"]
+    macros = build.make_builder(testing=False)._assigned_source[3]["define_macros"]
     assert macros == [("Py_GIL_DISABLED", "1")]
     # Not on a GIL build, and not for the mingw-w64 cross-build from Linux.
     monkeypatch.setattr(build.sysconfig, "get_config_var",
                         lambda name: None if name == "Py_GIL_DISABLED" else real(name))
-    assert build.make_builder()._assigned_source[3]["define_macros"] == []
+    assert build.make_builder(testing=False)._assigned_source[3]["define_macros"] == []
     monkeypatch.setattr(build.sys, "platform", "linux")
-    assert build.make_builder(target_windows=True)._assigned_source[3]["define_macros"] == []
+    assert build.make_builder(target_windows=True,
+                              testing=False)._assigned_source[3]["define_macros"] == []
+
+
+def test_test_build_alone_compiles_and_declares_the_strict_model(monkeypatch):
+    """A production build (the wheels, ``pip install .``) carries no test
+    code: the core is compiled without SN_TESTING, which leaves out the
+    strict model, its controls and the strict backend, and its cdef
+    declares none of them. A test build (SOCKNOTIFY_TESTING=1) has both."""
+    build = load_builder()
+    monkeypatch.delenv(build.TESTING, raising=False)
+    production = build.make_builder()
+    assert ("SN_TESTING", "1") not in production._assigned_source[3]["define_macros"]
+    declared = "".join(production._cdefsources)
+    assert "sn_model_control" not in declared and "SN_BACKEND_STRICT" not in declared
+    monkeypatch.setenv(build.TESTING, "1")
+    testing = build.make_builder()
+    assert ("SN_TESTING", "1") in testing._assigned_source[3]["define_macros"]
+    declared = "".join(testing._cdefsources)
+    assert "sn_model_control" in declared and "SN_BACKEND_STRICT" in declared
 
 
 def test_free_threaded_build_needs_cffi_2(monkeypatch):

@@ -109,15 +109,23 @@ def test_cffi_sees_one_header_and_it_includes_no_internal_one():
 
 
 def test_test_only_entry_points_are_out_of_the_production_header():
-    """The strict model's controls are declared in sn_testing.h, which a
-    production build's cdef leaves out; the production header names none
-    of them."""
+    """The strict model's backend number, its controls and every other
+    test-only entry point are declared in socknotify.h under SN_TESTING,
+    between the CDEF-TESTING markers, which a production build's cdef
+    leaves out; the strict model's file compiles to nothing without it."""
     builder = load_builder()
     production = builder.read_cdef()
-    testing = builder.read_cdef(builder.TESTING_HEADER)
-    assert "sn_model_control" not in production and "SN_MODEL_" not in production
-    assert "sn_model_control" in testing
-    assert local_includes()["sn_testing.h"] == {"socknotify.h"}
+    testing = builder.read_cdef(builder.TESTING_MARKERS)
+    for name in ("sn_model_control", "SN_MODEL_", "SN_BACKEND_STRICT"):
+        assert name not in production and name in testing
+    with open(os.path.join(CORE, "socknotify.h"), encoding="utf-8") as f:
+        header = f.read()
+    guarded = header[header.index("#ifdef SN_TESTING"):]
+    assert "/* CDEF-TESTING-BEGIN */" in guarded and "/* CDEF-TESTING-END */" in guarded
+    with open(os.path.join(CORE, "sn_model.c"), encoding="utf-8") as f:
+        model = f.read()
+    code = model[model.index("*/") + 2:]   # after the essay
+    assert code.lstrip().startswith("#if defined(_WIN32) && defined(SN_TESTING)")
 
 
 # -- the Python modules: imports run downward only ---------------------------------

@@ -1,8 +1,10 @@
 """Behaviour of the low-level Port, on every backend this machine has."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -170,6 +172,52 @@ def test_remove_of_unregistered_socket_raises(port):
             port.process([reg], timeout=0)
         assert info.value.registration is reg
         assert reg.result != 0 and isinstance(reg.error, OSError)
+
+
+def test_two_enables_of_one_registration_in_one_call(port):
+    """A registration enabled twice in one call (asyncio's register() then
+    modify() before the next select: connection_made adds a writer, the
+    reader follows) is one registration with the last filter: both
+    succeed, the socket's readiness comes once, under its key, and its
+    REMOVE leaves nothing behind (no second registration the port lost
+    track of, which the strict model's NO_ENABLE_WHILE_ARMED mode used to
+    hand to the AFD fallback)."""
+    a, b = nonblocking_pair()
+    with a, b:
+        first = Registration(a, 12, EVENT_IN)
+        second = Registration(a, 12, EVENT_IN | EVENT_OUT)
+        notes = port.process([first, second], timeout=2)
+        assert first.result == 0 and second.result == 0
+        assert notes == [(12, EVENT_OUT)]          # writable: the second filter
+        assert port.registered == 1
+        assert port.counters()["fallbacks"] == 0
+        events = wait_for(port, 12, regs=[Registration(a, 12, 0, OP_REMOVE)])
+        assert events == EVENT_REMOVE
+        assert port.registered == 0
+        b.send(b"x")
+        assert port.process(timeout=0.2) == []
+
+
+@pytest.mark.parametrize("op", [OP_REMOVE, OP_DISABLE])
+def test_a_refused_remove_or_disable_does_not_block(port, op):
+    """Port.process: "If any failed, the call does not block" -- a REMOVE
+    or DISABLE refused (of a socket never registered here; of one closed
+    since it was registered) as much as an ENABLE."""
+    a, b = nonblocking_pair()
+    with a, b:
+        start = time.monotonic()
+        with pytest.raises(OSError):
+            port.process([Registration(a, 9, 0, op)], timeout=10)
+        assert time.monotonic() - start < 5
+    c, d = nonblocking_pair()
+    port.process([Registration(c, 10, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+    fd = c.fileno()
+    c.close()
+    with d:
+        start = time.monotonic()
+        with pytest.raises(OSError):
+            port.process([Registration(fd, 10, 0, op)], timeout=10)
+        assert time.monotonic() - start < 5
 
 
 def test_disable_then_enable(port):
@@ -415,6 +463,24 @@ def test_unavailable_backend_is_clear_oserror():
         pytest.skip("every backend is available here")
     with pytest.raises(OSError, match="not available"):
         Port(missing[0])
+
+
+def test_strict_backend_only_in_a_test_build():
+    """A production build of the core (the wheels, ``pip install .``)
+    carries no test code: no strict model, no controls; asking for the
+    strict backend says how to get a build that has it."""
+    if port_module.TEST_BUILD:
+        assert hasattr(port_module.lib, "sn_model_control")
+        return
+    assert not hasattr(port_module.lib, "sn_model_control")
+    assert not hasattr(port_module.lib, "SN_MODEL_REFUSE")
+    available, why = BACKENDS["strict"]
+    assert not available and "SOCKNOTIFY_TESTING=1" in why
+    with pytest.raises(OSError, match="SOCKNOTIFY_TESTING=1") as raised:
+        Port("strict")
+    assert raised.value.errno == errno.ENOSYS
+    with open(sys.modules["socknotify_loop._socknotify"].__file__, "rb") as f:
+        assert b"SOCKNOTIFY_STRICT_MODES" not in f.read()   # sn_model.c's
 
 
 def test_environment_variable_forces_backend(monkeypatch):

@@ -49,9 +49,9 @@ from socknotify_loop.selector import EVENT_READ, EVENT_WRITE, NotifySelector
 pytestmark = pytest.mark.skipif(not WINDOWS, reason="the strict model runs on Windows only")
 
 if WINDOWS and not hasattr(lib, "sn_model_control"):
-    # The model's controls are in the cdef of a test build only
-    # (SOCKNOTIFY_TESTING=1, _core/sn_testing.h): a production build here
-    # would skip every test below in silence.
+    # The model and its controls are in a test build only
+    # (SOCKNOTIFY_TESTING=1: SN_TESTING, socknotify.h's CDEF-TESTING part):
+    # a production build here would skip every test below in silence.
     raise ImportError("the strict model's tests need a test build of the core "
                       "(SOCKNOTIFY_TESTING=1; tools/wine test and all make one)")
 
@@ -70,6 +70,12 @@ def control(port: Port, what: int, sock=None, value: int = 0) -> int:
 
 def refuse(port: Port, sock) -> None:
     control(port, lib.SN_MODEL_REFUSE, sock, 1)
+
+
+def named_modes(name) -> int:
+    """SN_MODEL_<name> (None: no mode), read when a test runs: a
+    production build, where these tests skip, has no such names."""
+    return 0 if name is None else int(getattr(lib, f"SN_MODEL_{name}"))
 
 
 def set_modes(port: Port, modes: int) -> None:
@@ -115,25 +121,7 @@ def wait_for(port, key, timeout=2.0, regs=()):
 # -- the model's rules, against the forgiving polyfill --------------------------------
 
 #: What the strict model answers, question by question (probe.QUESTIONS).
-MODEL_ANSWERS = {
-    "key change without REMOVE": "first key kept",
-    "REMOVE then ENABLE (new key) in one call": "first key kept; REMOVE under [1]",
-    "delivery after DISABLE": "queued notification delivered",
-    "socket registered with another port": f"refused (error {ERROR_INVALID_PARAMETER})",
-    "port closed with the socket registered": f"refused (error {ERROR_INVALID_PARAMETER})",
-    "port closed after the socket's REMOVE": "accepted",
-    "edge-triggered, not drained": "one notification until drained",
-    "ENABLE without LEVEL or EDGE": f"refused (error {ERROR_INVALID_PARAMETER})",
-    "closed handle in a batch": "its registration failed (error 1168), the rest applied",
-    "LEVEL|ONESHOT re-armed, data unread": "fires again at once",
-    "ENABLE of an armed registration, new filter": "accepted, new filter used",
-    "socket closed before its REMOVE event": "REMOVE event delivered",
-    "closesocket() with a notification queued": "delivered after the close",
-    "socket tied by CreateIoCompletionPort": "accepted",
-    "failed connect, OUT-only filter": "ERR reported",
-    "DISABLE without trigger flags": "accepted",
-    "a notification's lpOverlapped": "lpOverlapped NULL",
-}
+MODEL_ANSWERS = probe.MODEL_ANSWERS
 #: Questions both answer alike (a fixed rule of the polyfill's, or where
 #: the forgiving and the strict reading agree). The model's default answers
 #: the last eight as the polyfill does; its modes (SN_MODEL_MODE_*) take
@@ -144,7 +132,9 @@ SAME_ON_AFD = {"port closed after the socket's REMOVE", "ENABLE without LEVEL or
                "socket closed before its REMOVE event",
                "closesocket() with a notification queued",
                "socket tied by CreateIoCompletionPort", "failed connect, OUT-only filter",
-               "DISABLE without trigger flags", "a notification's lpOverlapped"}
+               "DISABLE without trigger flags", "a notification's lpOverlapped",
+               "two ENABLEs of one registration in one call", "REMOVE sent to another port",
+               "ENABLE (new filter) with a notification queued"}
 
 
 @pytest.mark.parametrize("question", probe.QUESTIONS, ids=lambda q: q.name)
@@ -157,6 +147,30 @@ def test_model_answers_strictly(question):
 @pytest.mark.xfail(strict=True, reason="the AFD polyfill forgives this rule")
 def test_forgiving_polyfill_answers_otherwise(question):
     assert probe.ask(question, "afd") == MODEL_ANSWERS[question.name]
+
+
+@pytest.mark.parametrize("mode, question, answer", [
+    ("NO_ENABLE_WHILE_ARMED", probe.two_enables_in_one_call,
+     f"second refused (error {ERROR_INVALID_PARAMETER})"),
+    ("REMOVE_ANY_PORT", probe.remove_from_another_port,
+     "accepted: the first port's registration removed"),
+    ("ENABLE_OVERWRITES", probe.second_port_enable_who_hears,
+     "accepted, overwrites: only the second port hears"),
+    ("QUEUED_BEFORE_MODIFY", probe.modify_with_a_notification_queued,
+     "queued notification delivered"),
+])
+def test_model_answers_the_harsher_readings_in_its_modes(monkeypatch, mode, question, answer):
+    """The questions the port's latest rules rest on, asked of the model
+    in the mode that takes the harsher reading of the documentation: what
+    the OS may do, which the port must survive (probe.MODEL_ANSWERS holds
+    the default's answers)."""
+    monkeypatch.setenv("SOCKNOTIFY_STRICT_MODES", str(getattr(lib, f"SN_MODEL_MODE_{mode}")))
+    assert question("strict") == answer
+
+
+def test_probe_asks_windows_itself():
+    answer = probe.bsp_state_after_reset()
+    assert answer.startswith(("answers after the reset", "fails after the reset")), answer
 
 
 def test_probe_compares_answers_by_meaning():
@@ -235,6 +249,8 @@ def test_probe_os_command_under_wine_runs_the_model():
     assert "the strict model assumes" in text
     for question in probe.QUESTIONS:
         assert question.name in text
+    for name, _ in probe.OS_QUESTIONS:
+        assert name in text
     if not available_backends()["psn"][0]:
         assert "the OS did" not in text
 
@@ -607,6 +623,212 @@ def test_selector_refused_rearm_does_not_sit_out_the_wait():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("modes", ["MODE_NO_ENABLE_WHILE_ARMED", "MODES_HARSHEST"])
+def test_port_two_enables_of_one_registration_in_one_call(modes):
+    """Two ENABLEs of one registration in one call, on a model that
+    refuses an ENABLE of an armed registration: the port sends the kernel
+    one, with the last filter. (It used to send both; the second, refused,
+    handed the socket to the AFD fallback while the model kept the first:
+    two registrations, and the first never removed.)"""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, named_modes(modes))
+        first = Registration(a, 1, EVENT_IN)
+        second = Registration(a, 1, EVENT_IN | EVENT_OUT)
+        assert port.process([first, second], timeout=2) == [(1, EVENT_OUT)]
+        assert first.result == second.result == 0
+        assert port.counters()["fallbacks"] == 0
+        assert port.counters()["refused"] == 0
+        assert wait_for(port, 1, regs=[Registration(a, 1, 0, OP_REMOVE)]) == EVENT_REMOVE
+        assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
+
+
+@pytest.mark.parametrize("modes", [None, "MODES_HARSHEST"])
+@pytest.mark.parametrize("op", [OP_REMOVE, OP_DISABLE])
+def test_port_change_whose_calls_fail_whole_changed_nothing(op, modes):
+    """A REMOVE or DISABLE whose call fails as a whole, and whose call of
+    its own fails again, while a call with nothing in it does not: "the
+    entire operation failed, and no changes occurred". The registration is
+    still the kernel's, under its first key: the change is reported failed,
+    the port keeps its record as it was (still registered, still heard),
+    and a registration under a new key is a re-key, heard under that key,
+    not a new kernel key the kernel never takes (a deaf socket)."""
+    a, b = nonblocking_pair()
+    with a, b, Port("strict") as port:
+        set_modes(port, named_modes(modes))
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        control(port, lib.SN_MODEL_FAIL_CALLS, None, 2)   # the batch's call, the change's own
+        change = Registration(a, 1, 0, op, trigger=PERSISTENT)
+        with pytest.raises(OSError):
+            port.process([change], timeout=0)
+        assert change.result != 0
+        assert port.registered == 1
+        assert control(port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_TIED_HERE
+        b.send(b"x")
+        assert wait_for(port, 1) == EVENT_IN
+        assert wait_for(port, 2, regs=[Registration(a, 2, EVENT_IN, trigger=PERSISTENT)]) \
+            == EVENT_IN
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("modes", [None, "MODES_HARSHEST"])
+def test_port_enable_after_disable_of_a_reused_handle(modes):
+    """A DISABLE leaves a ProcessSocketNotifications registration in place
+    (unlike epoll's item, which it deletes). The socket closed and its
+    handle value taken by a new socket: the next ENABLE under the same
+    key must not renew the old registration's kernel key, under which a
+    notification for the closed socket is still queued."""
+    a, b = nonblocking_pair()
+    with Port("strict") as port:
+        set_modes(port, named_modes(modes))
+        port.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        port.process([Registration(a, 1, 0, OP_DISABLE, trigger=PERSISTENT)], timeout=0)
+        control(port, lib.SN_MODEL_QUEUE, a, EVENT_IN)   # queued for a, before its close
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            notes = port.process([Registration(c, 1, EVENT_IN, trigger=PERSISTENT)],
+                                 timeout=0.3)
+            assert notes == []      # c has nothing to read: a's packet is stale
+            d.send(b"x")
+            assert wait_for(port, 1) == EVENT_IN
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", [OP_REMOVE, OP_DISABLE])
+def test_port_remove_of_a_reused_handle_leaves_its_new_owner_alone(op):
+    """A socket closed without its REMOVE, its handle value taken by a
+    socket another port registered (another loop's accept): this port's
+    REMOVE or DISABLE of the old registration must not reach the new
+    socket's, which an OS that does not check the port would remove
+    (SN_MODEL_MODE_REMOVE_ANY_PORT), leaving this port waiting for a REMOVE
+    event that never comes and the other port deaf. The identity check an
+    ENABLE makes tells the port the old socket is gone."""
+    a, b = nonblocking_pair()
+    with Port("strict") as mine, Port("strict") as theirs:
+        set_modes(mine, lib.SN_MODEL_MODES_HARSHEST)
+        mine.process([Registration(a, 1, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+        handle = a.fileno()
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        with c, d:
+            theirs.process([Registration(c, 7, EVENT_IN, trigger=PERSISTENT)], timeout=0)
+            with pytest.raises(OSError):
+                mine.process([Registration(handle, 1, 0, op, trigger=PERSISTENT)], timeout=0)
+            assert mine.registered == 0
+            assert control(theirs, lib.SN_MODEL_TIED, c) == lib.SN_MODEL_TIED_HERE
+            d.send(b"x")
+            assert wait_for(theirs, 7) == EVENT_IN
+            assert mine.process(timeout=0.2) == []
+
+
+@pytest.mark.timeout(60)
+def test_selector_unregister_whose_calls_fail_whole_is_finished_by_the_port():
+    """The selector's unregister is a quiet REMOVE: it forgets the
+    registration whatever the port answers. One that a call failing as a
+    whole did not apply (the kernel still holds the registration, under
+    its first key) is the port's to finish with the next call: left as it
+    was, it would be re-armed and reported for nobody at every select, and
+    the socket stay tied to the port."""
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")          # readable: what stays armed fires at every select
+        assert [key.data for key, _ in sel.select(2)] == ["a"]
+        sel.unregister(a)
+        control(sel.port, lib.SN_MODEL_FAIL_CALLS, None, 2)   # its call, and its own
+        assert sel.select(0) == []
+        for _ in range(3):
+            assert sel.select(0.1) == []
+        assert control(sel.port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
+        assert sel.port.registered == 0
+
+
+@pytest.mark.timeout(60)
+def test_selector_rearm_of_a_socket_whose_state_cannot_be_read():
+    """getsockopt(SO_BSP_STATE) may fail where it answered before (a reset
+    connection, an unbound socket): what the port could not read is
+    unknown, not "another socket", and the re-arm still goes to the
+    kernel. (It was dropped: the port read the failure as a socket bound
+    no more, and the reader waited for ever.)"""
+    a, b = nonblocking_pair()
+    with a, b, NotifySelector("strict") as sel:
+        sel.register(a, EVENT_READ, "a")
+        b.send(b"x")
+        assert [key.data for key, _ in sel.select(2)] == ["a"]
+        control(sel.port, lib.SN_MODEL_HIDE_STATE, a, 1)
+        try:
+            # Level-triggered, still unread: reported again.
+            assert [key.data for key, _ in sel.select(2)] == ["a"]
+        finally:
+            control(sel.port, lib.SN_MODEL_HIDE_STATE, a, 0)
+
+
+@pytest.mark.timeout(60)
+def test_port_second_thread_does_not_overtake_a_deferred_enable():
+    """A re-key whose quiet REMOVE fails (the socket closed meanwhile, its
+    handle value taken by another socket) frees the ENABLE it held back,
+    to ride in the call that waits. That ENABLE is translated and not yet
+    applied: another thread's REMOVE of the same registration must wait
+    for it, or it fails first (nothing registered yet), retires the
+    record, and the ENABLE then ties the socket under a retired key."""
+    a, b = nonblocking_pair()
+    port = Port("strict")
+    threads: list[threading.Thread] = []
+    handle = a.fileno()
+    port.process([Registration(a, 1, EVENT_IN)], timeout=0)
+    c = d = None
+    try:
+        control(port, lib.SN_MODEL_HOLD, None, 3)    # the re-key's REMOVE
+
+        def rekey() -> None:
+            port.process([Registration(handle, 2, EVENT_IN)], timeout=0.5)
+
+        threads.append(threading.Thread(target=rekey))
+        threads[0].start()
+        deadline = time.monotonic() + 5
+        while control(port, lib.SN_MODEL_HOLD, None, 2) != 1:
+            assert time.monotonic() < deadline, "the REMOVE was never held"
+            time.sleep(0.01)
+        a.close()
+        b.close()
+        c, d = socket_on_handle(handle)
+        control(port, lib.SN_MODEL_HOLD, None, 1)    # the ENABLE the REMOVE frees
+        control(port, lib.SN_MODEL_HOLD, None, 4)    # the REMOVE goes on, and fails
+        deadline = time.monotonic() + 5
+        while control(port, lib.SN_MODEL_HOLD, None, 2) != 1:
+            assert time.monotonic() < deadline, "the deferred ENABLE was never held"
+            time.sleep(0.01)
+
+        def remove() -> None:
+            try:
+                port.process([Registration(handle, 2, op=OP_REMOVE)], timeout=0)
+            except OSError:
+                pass   # the REMOVE that overtook the ENABLE fails
+
+        threads.append(threading.Thread(target=remove))
+        threads[1].start()
+        time.sleep(0.3)   # room for the second thread to overtake
+    finally:
+        control(port, lib.SN_MODEL_HOLD, None, 0)
+        for t in threads:
+            t.join(10)
+    try:
+        for _ in range(3):
+            port.process(timeout=0.05)   # the REMOVE event, if any
+        assert port.registered == 0
+        assert c is not None
+        assert control(port, lib.SN_MODEL_TIED, c) == lib.SN_MODEL_UNTIED
+    finally:
+        port.close()
+        for s in (a, b, c, d):
+            if s is not None:
+                s.close()
+
+
 def test_port_modify_of_an_armed_registration():
     """The reference page: "Notifications must not be re-enabled until the
     SOCK_NOTIFY_EVENT_DISABLE notification is received". Where the OS

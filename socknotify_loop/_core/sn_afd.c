@@ -263,7 +263,7 @@ static ULONG afd__translate(afd_port_t *ap, OVERLAPPED_ENTRY *entries, ULONG got
     ULONG j, n = 0;
     for (j = 0; j < got; j++) {
         OVERLAPPED_ENTRY *entry = &entries[j];
-        if (entry->lpCompletionKey == SN_AFD_COMPLETION_KEY) {
+        if (entry->lpCompletionKey == ap->instance) {
             afd_sock_t *sock = AFD_SOCK_OF_OVERLAPPED(entry->lpOverlapped);
             n += (ULONG)sn_afd_sock_feed(&ap->socks, sock, &entries[n]);
         } else {
@@ -276,10 +276,11 @@ static ULONG afd__translate(afd_port_t *ap, OVERLAPPED_ENTRY *entries, ULONG got
     return n;
 }
 
-ULONG sn_afd_translate(HANDLE completionPort, OVERLAPPED_ENTRY *entries, ULONG got) {
+ULONG sn_afd_translate_as(ULONG_PTR instance, HANDLE completionPort,
+                          OVERLAPPED_ENTRY *entries, ULONG got) {
     afd_port_t *ap;
     ULONG n;
-    if (sn_afd_port_get(completionPort, &ap) != 0)
+    if (sn_afd_port_get(completionPort, instance, &ap) != 0)
         return got;
     AcquireSRWLockExclusive(&ap->lock);
     n = afd__translate(ap, entries, got);
@@ -290,19 +291,8 @@ ULONG sn_afd_translate(HANDLE completionPort, OVERLAPPED_ENTRY *entries, ULONG g
     return n;
 }
 
-ULONG_PTR sn_afd_entry_key(HANDLE completionPort, const OVERLAPPED_ENTRY *entry) {
-    afd_port_t *ap;
-    ULONG_PTR key;
-    if (entry->lpCompletionKey != SN_AFD_COMPLETION_KEY ||
-        sn_afd_port_get(completionPort, &ap) != 0)
-        return 0;
-    /* The state outlives its poll's packet (it is freed only when the
-       packet is fed back), so it is there to read; its key changes under
-       the lock. */
-    AcquireSRWLockExclusive(&ap->lock);
-    key = AFD_SOCK_OF_OVERLAPPED(entry->lpOverlapped)->key;
-    ReleaseSRWLockExclusive(&ap->lock);
-    return key;
+ULONG sn_afd_translate(HANDLE completionPort, OVERLAPPED_ENTRY *entries, ULONG got) {
+    return sn_afd_translate_as(SN_AFD_COMPLETION_KEY, completionPort, entries, got);
 }
 
 /* ------------------------------------------------------------ the process */
@@ -313,6 +303,10 @@ ULONG_PTR sn_afd_entry_key(HANDLE completionPort, const OVERLAPPED_ENTRY *entry)
 /* The parameters (completionPort ... receivedEntryCount) are those of
    SN_PSN_PARAMETERS, sn_win.h. */
 DWORD WINAPI sn_afd_process_socket_notifications(SN_PSN_PARAMETERS) {
+    return sn_afd_process_as(SN_AFD_COMPLETION_KEY, SN_PSN_ARGUMENTS);
+}
+
+DWORD sn_afd_process_as(ULONG_PTR instance, SN_PSN_PARAMETERS) {
     afd_port_t *ap;
     int64_t deadline = 0;
     DWORD wait_ms = timeoutMs;
@@ -321,7 +315,7 @@ DWORD WINAPI sn_afd_process_socket_notifications(SN_PSN_PARAMETERS) {
 
     if ((error = sn_psn_check_arguments(SN_PSN_ARGUMENTS)) != 0)
         return error;
-    if ((error = sn_afd_port_get(completionPort, &ap)) != 0)
+    if ((error = sn_afd_port_get(completionPort, instance, &ap)) != 0)
         return error;
 
     AcquireSRWLockExclusive(&ap->lock);

@@ -25,14 +25,15 @@ DWORD WINAPI sn_afd_process_socket_notifications(SN_PSN_PARAMETERS);
    what their completions asked for; returns the entries left. */
 ULONG sn_afd_translate(HANDLE port, OVERLAPPED_ENTRY *entries, ULONG got);
 
-/* The completion key of the registration a polyfill packet (key
-   SN_AFD_COMPLETION_KEY) is about, before sn_afd_translate() turns it
-   into a notification; 0 for any other entry. For the strict model's
-   plain wait, which translates its own packets and leaves the port's
-   fallback's to the port. */
-ULONG_PTR sn_afd_entry_key(HANDLE port, const OVERLAPPED_ENTRY *entry);
+/* The same two for an instance of the polyfill's state other than the
+   callers' (SN_AFD_COMPLETION_KEY): the strict model's own
+   (SN_AFD_MODEL_COMPLETION_KEY), whose registrations are not the
+   fallback's, and whose packets come under that key. */
+DWORD sn_afd_process_as(ULONG_PTR instance, SN_PSN_PARAMETERS);
+ULONG sn_afd_translate_as(ULONG_PTR instance, HANDLE port, OVERLAPPED_ENTRY *entries,
+                          ULONG got);
 
-/* Release the polyfill's state for a port: cancel outstanding polls, wait
+/* Release the polyfill's state for a port (every instance's): cancel outstanding polls, wait
    for their completions (the kernel writes into our memory until then),
    close the helper handles, free everything. Call it BEFORE closing the
    port handle, with no other thread inside the polyfill for that port.

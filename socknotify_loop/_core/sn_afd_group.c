@@ -32,7 +32,7 @@
    Windows). */
 #define AFD_GROUP_SIZE 32
 
-static DWORD afd__group_open(sn_list_t *groups, HANDLE iocp, afd_group_t **out) {
+static DWORD afd__group_open(sn_list_t *groups, HANDLE iocp, ULONG_PTR key, afd_group_t **out) {
     afd_group_t *group;
     DWORD error;
 
@@ -45,7 +45,7 @@ static DWORD afd__group_open(sn_list_t *groups, HANDLE iocp, afd_group_t **out) 
     if (group->helper == INVALID_HANDLE_VALUE)
         goto err1;
     /* The helper's completions come to the caller's port under our key. */
-    if (CreateIoCompletionPort(group->helper, iocp, SN_AFD_COMPLETION_KEY, 0) == NULL)
+    if (CreateIoCompletionPort(group->helper, iocp, key, 0) == NULL)
         goto err2;
     /* Nobody waits on the helper handle itself: spare the kernel signalling
        it. Best effort (a refusal only costs a little). Completion packets
@@ -65,13 +65,13 @@ err1:
     return error;
 }
 
-DWORD sn_afd_group_acquire(sn_list_t *groups, HANDLE iocp, afd_group_t **out) {
+DWORD sn_afd_group_acquire(sn_list_t *groups, HANDLE iocp, ULONG_PTR key, afd_group_t **out) {
     sn_list_t *last = sn_list_last(groups);
     afd_group_t *group = last != NULL ? SN_CONTAINER_OF(last, afd_group_t, link) : NULL;
     DWORD error;
 
     if (group == NULL || group->users >= AFD_GROUP_SIZE) {
-        if ((error = afd__group_open(groups, iocp, &group)) != 0)
+        if ((error = afd__group_open(groups, iocp, key, &group)) != 0)
             return error;
     }
     group->users++;

@@ -20,8 +20,9 @@ typedef struct afd_group {
 } afd_group_t;
 
 /* A group with room for one more socket, opening one (a helper handle
-   associated with `iocp`) if all in `groups` are full. 0 or an error. */
-DWORD sn_afd_group_acquire(sn_list_t *groups, HANDLE iocp, afd_group_t **out);
+   associated with `iocp` under completion key `key`) if all in `groups`
+   are full. 0 or an error. */
+DWORD sn_afd_group_acquire(sn_list_t *groups, HANDLE iocp, ULONG_PTR key, afd_group_t **out);
 
 /* A socket of `group` is gone. The group is kept, even empty. */
 void sn_afd_group_release(sn_list_t *groups, afd_group_t *group);

@@ -17,19 +17,28 @@
 #include "sn_list.h"
 #include "sn_afd_sock.h"
 
+/* A port may have two instances of the polyfill's state, told apart by
+   the completion key their polls complete under: the one every caller of
+   the polyfill's function gets (SN_AFD_COMPLETION_KEY), and the strict
+   model's own (SN_AFD_MODEL_COMPLETION_KEY), so that the model's
+   registration of a socket and the fallback's are two, as the OS's and
+   the polyfill's would be on Windows. */
 typedef struct afd_port {
-    HANDLE iocp;            /* the port's handle: the registry's key */
+    HANDLE iocp;            /* the port's handle: the registry's key, with */
+    ULONG_PTR instance;     /* the completion key of its polls */
     SRWLOCK lock;           /* guards `socks` */
     afd_sockets_t socks;    /* the registered sockets and their polls */
     sn_list_t registry_link;  /* in the registry; guarded by its lock */
 } afd_port_t;
 
-/* The polyfill's state for the port `iocp`, created at first use (after
-   the one-time NT setup, whose error it returns). 0 or an error. */
-DWORD sn_afd_port_get(HANDLE iocp, afd_port_t **out);
+/* The polyfill's state for the port `iocp` and the instance `instance`
+   (a completion key, above), created at first use (after the one-time NT
+   setup, whose error it returns). 0 or an error. */
+DWORD sn_afd_port_get(HANDLE iocp, ULONG_PTR instance, afd_port_t **out);
 
 /* sn_afd_port_closed(), sn_afd_counters(), sn_afd_statistics() of
-   sn_afd.h: the port's state released, its counts, its bookkeeping. */
+   sn_afd.h: the port's states released (every instance), its counts (of
+   every instance), its bookkeeping (the callers' instance). */
 void sn_afd_port_release(HANDLE iocp);
 void sn_afd_port_counters(HANDLE iocp, uint64_t *counters);
 DWORD sn_afd_port_statistics(HANDLE iocp, UINT32 *registered, UINT32 *polls_in_flight);

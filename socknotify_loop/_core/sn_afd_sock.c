@@ -110,8 +110,9 @@ static UINT32 afd__notify_events_for(ULONG afd) {
 
 /* ------------------------------------------------------- table and queue */
 
-void sn_afd_sockets_init(afd_sockets_t *ss, HANDLE iocp) {
+void sn_afd_sockets_init(afd_sockets_t *ss, HANDLE iocp, ULONG_PTR packet_key) {
     ss->iocp = iocp;
+    ss->packet_key = packet_key;
     sn_list_init(&ss->groups);
     sn_list_init(&ss->updates);
 }
@@ -164,7 +165,7 @@ DWORD sn_afd_sock_new(afd_sockets_t *ss, SOCKET socket, SOCKET base, afd_sock_t 
     sock->socket = socket;
     sock->base = base;
     if ((error = (DWORD)sn_hash_reserve(&ss->table)) != 0 ||
-        (error = sn_afd_group_acquire(&ss->groups, ss->iocp, &sock->group)) != 0) {
+        (error = sn_afd_group_acquire(&ss->groups, ss->iocp, ss->packet_key, &sock->group)) != 0) {
         free(sock);
         return error;
     }

@@ -55,7 +55,8 @@ typedef struct afd_sock {
     sn_list_t update_link;  /* on the port's update list (linked = queued) */
 } afd_sock_t;
 
-/* The state a completion packet of ours (key SN_AFD_COMPLETION_KEY) is
+/* The state a completion packet of ours (key SN_AFD_COMPLETION_KEY, or an
+   instance's own: sn_afd_port.h) is
    about: its lpOverlapped is the address of the state's iosb. */
 #define AFD_SOCK_OF_OVERLAPPED(ov) \
     CONTAINING_RECORD((afd_iosb_t *)(ov), afd_sock_t, iosb)
@@ -64,6 +65,8 @@ typedef struct afd_sock {
    socket layer knows of its port, which embeds it (sn_afd_port.h). */
 typedef struct afd_sockets {
     HANDLE iocp;            /* the completion port the polls complete on */
+    ULONG_PTR packet_key;   /* the completion key they complete under: the
+                               polyfill's instance (sn_afd_port.h) */
     sn_hash_t table;        /* socket -> afd_sock_t *: live states only */
     uint32_t polls_in_flight;
     sn_list_t groups;       /* afd_group_t (sn_afd_group.c) */
@@ -76,8 +79,9 @@ typedef struct afd_sockets {
 
 #define AFD_COUNT(ss, what) sn_atomic_add64(&(ss)->counters[what], 1)
 
-/* An empty set for the completion port `iocp`. */
-void sn_afd_sockets_init(afd_sockets_t *ss, HANDLE iocp);
+/* An empty set for the completion port `iocp`, its polls completing
+   under `packet_key`. */
+void sn_afd_sockets_init(afd_sockets_t *ss, HANDLE iocp, ULONG_PTR packet_key);
 
 /* Everything below: the port's lock held. */
 

@@ -26,8 +26,13 @@ typedef struct sn_memo {
                              for its REMOVE event (SN_CAP_KEY_FIXED) */
 } sn_memo_t;
 
+/* SN_MEMO_MERGED: a caller's second ENABLE of a registration in one
+   batch, merged into the first (sn_translate.c), whose index `recno`
+   holds and whose result it shares. */
+/* SN_MEMO_RESENT: a quiet REMOVE of the port's own, sent again after a
+   call that failed as a whole did not apply it (sn_rearm.c). */
 enum { SN_MEMO_CALLER = 0, SN_MEMO_REARM = 1, SN_MEMO_DEFERRED = 2,
-       SN_MEMO_DEFERRED_FAILED = 3 };
+       SN_MEMO_DEFERRED_FAILED = 3, SN_MEMO_MERGED = 4, SN_MEMO_RESENT = 5 };
 
 /* Why a caller's ENABLE is not in the kernel batch as an ENABLE. */
 enum {
@@ -40,6 +45,13 @@ enum {
                              ENABLE's place, and the ENABLE waits for its
                              REMOVE event */
 };
+
+/* The same for a caller's change as it came (sn__failure_is_news): its
+   failure shortens the call's wait unless it is a quiet REMOVE. */
+SN_INLINE int sn__caller_news(const sn_registration_t *reg, uint32_t flags) {
+    return reg->op != SN_OP_NONE &&
+           !(reg->op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE));
+}
 
 /* Where translated notifications go: process() wants sn_notification_t,
    select() wants (key, selector mask) pairs and I/O keys. */

@@ -317,8 +317,7 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
         if (regs[i].op == SN_OP_NONE)
             continue;
         regs[i].result = epoll__apply(port, &regs[i]);
-        failed |= regs[i].result != 0 && regs[i].op == SN_OP_ENABLE &&
-                  !(regs[i].trigger & SN_TRIGGER_REARM);
+        failed |= regs[i].result != 0 && sn__failure_is_news(&regs[i]);
     }
     if (max_events == 0)
         return 0;    /* registrations only */
@@ -326,7 +325,7 @@ static int epoll__process(sn_port_t *port, sn_registration_t *regs, uint32_t cou
     n = epoll__queue_take(port, events, max_events, 0);
     if (n == max_events)
         goto out;
-    /* A failed ENABLE is news for the caller now: poll, do not block. */
+    /* A failed change is news for the caller now: poll, do not block. */
     if (n > 0 || timeout_ms == 0 || failed)
         wait_ms = 0;
     else if (timeout_ms < 0)

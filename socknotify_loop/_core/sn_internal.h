@@ -70,6 +70,10 @@ typedef struct sn_identity {
     uint32_t peer;        /* a hash of a stream socket's peer address */
     uint16_t local_port;  /* the port it is bound to */
     uint16_t kind;        /* address family, type and protocol; 0: unread */
+    /* 1 when the addresses were read: local_port 0 then means unbound.
+       0 when they could not be (the OS would not say): local_port and peer
+       are unknown, not "none". */
+    uint8_t  addressed;
 } sn_identity_t;
 
 /* Everything that differs between backends, in one table. The port layer
@@ -122,10 +126,26 @@ typedef struct sn_backend_ops {
    kernel key per socket". */
 #define SN_CAP_KEY_FIXED 0x100
 
-/* A backend's verdict for every registration of a call that failed as a
-   whole ("the entire operation failed, and no changes occurred"): the
-   port layer keeps each record as it was and reports the call's error. */
+/* Internal capability: a DISABLE disarms the kernel's registration and
+   leaves it in place (ProcessSocketNotifications: a later ENABLE renews
+   it, under its first key), where epoll's DISABLE deletes the item. The
+   port layer keeps `in_kernel` accordingly (sn_record.h), so that the
+   ENABLE after a DISABLE makes the checks of a renewal. */
+#define SN_CAP_DISABLE_KEEPS 0x200
+
+/* A backend's verdict for a registration that was not applied, because a
+   call that carried it failed as a whole ("the entire operation failed,
+   and no changes occurred"): the bit, with that call's error in the low
+   bits; SN_RESULT_UNAPPLIED (all ones) for every registration of a call
+   the backend gave up on, whose error is the call's return value. The
+   port layer keeps each such record as it was (unless the socket is gone
+   meanwhile: then closesocket() ended its registration) and reports the
+   error to the change's owner. */
+#define SN_RESULT_UNAPPLIED_BIT 0x80000000u
 #define SN_RESULT_UNAPPLIED 0xFFFFFFFFu
+SN_INLINE uint32_t sn__unapplied(uint32_t error) {
+    return SN_RESULT_UNAPPLIED_BIT | (error & 0x7FFFFFFEu);
+}
 
 /* Set by the port layer in a kernel registration's trigger (never by a
    caller: outside SN_TRIGGER_*): the registration is already in the
@@ -148,6 +168,17 @@ typedef struct sn_backend_ops {
 #define SN_TRIGGER_ADD 0x10
 #define SN_TRIGGER_INTERNAL \
     (SN_TRIGGER_MODIFY_ONLY | SN_TRIGGER_QUIET | SN_TRIGGER_REARM | SN_TRIGGER_ADD)
+
+/* Whether a kernel registration's failure is news someone must hear now,
+   so that the call that carries it does not block (sn_port_process(): "if
+   a caller's change failed, the call does not block"): every change but
+   the port's own re-arms (nobody waits to hear of those) and the quiet
+   REMOVEs (whose caller asked to hear nothing of the removal: the
+   registration is gone either way). */
+SN_INLINE int sn__failure_is_news(const sn_registration_t *kreg) {
+    return kreg->op != SN_OP_NONE && !(kreg->trigger & SN_TRIGGER_REARM) &&
+           !(kreg->op == SN_OP_REMOVE && (kreg->trigger & SN_TRIGGER_QUIET));
+}
 
 /* ProcessSocketNotifications' rules for the trigger of an ENABLE, written
    once for the port layer (sn_translate.c) and the AFD polyfill (sn_afd.c),
@@ -221,8 +252,15 @@ extern const sn_backend_ops_t sn_epoll_ops;
 #ifdef _WIN32
 extern const sn_backend_ops_t sn_psn_ops;   /* the OS's ProcessSocketNotifications */
 extern const sn_backend_ops_t sn_afd_ops;   /* the same port code on the polyfill */
+#ifdef SN_TESTING
 extern const sn_backend_ops_t sn_strict_ops; /* the strict model (sn_model.c), tests */
 #endif
+#endif
+
+/* SN_BACKEND_STRICT's number, which a production build's header does not
+   define: sn_backend_available() still answers for it, saying how to get
+   it. */
+#define SN_BACKEND_STRICT_NUMBER 4
 
 /* The backend table of an SN_BACKEND_* id compiled here, or NULL
    (sn_backends.c). */
@@ -249,7 +287,7 @@ SN_INLINE void sn__leave(sn_port_t *port) {
 }
 
 /* The same, for entry points that live in a backend's file
-   (sn_model_control). */
+   (sn_model_control, in a test build). */
 int sn_port_enter(sn_port_t *port);
 void sn_port_leave(sn_port_t *port);
 

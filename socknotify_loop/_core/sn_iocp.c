@@ -48,7 +48,7 @@
  *     registration failed.)
  *   - One kernel key per socket until its REMOVE event is dequeued, and a
  *     call that fails applies nothing: the backends say so to the port
- *     layer (SN_CAP_KEY_FIXED, SN_RESULT_UNAPPLIED), which keeps every
+ *     layer (SN_CAP_KEY_FIXED, SN_RESULT_UNAPPLIED_BIT), which keeps every
  *     record accordingly; the strict backend (sn_model.c) enforces both
  *     in tests.
  *   - PSN's and our structures have the same field order but not the same
@@ -77,9 +77,10 @@
  * of each without a port (sn_iocp_fn.c); the buffers a port keeps for the
  * batches that do not fit on the stack (sn_iocp_buf.c); the sockets the
  * port's own function refused, which the polyfill serves on the same port
- * (sn_iocp_fallback.c). The strict model's controls (sn_model_control)
- * are the model's (sn_model.c). This file is the port and its operations
- * table: open, the one call, post, wake, close.
+ * (sn_iocp_fallback.c). The strict model, its backend's table and its
+ * controls are sn_model.c's, compiled into test builds only: nothing here
+ * knows of it. This file is the port and the operations tables of psn and
+ * afd: open, the one call, post, wake, close.
  *
  * Sources read: Microsoft's article "Winsock socket state notifications"
  * and its C samples, the learn.microsoft.com pages for
@@ -88,8 +89,6 @@
  */
 #ifdef _WIN32
 
-#include "sn_internal.h"
-#include "sn_win.h"
 #include "sn_afd.h"
 #include "sn_iocp_fn.h"
 #include "sn_iocp_buf.h"
@@ -133,16 +132,14 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
 /* The first part of a wait whose call carries the port's own re-arms
-   (ms): see iocp__process. */
+   (ms): see sn_iocp_process. */
 #define IOCP_REARM_WAIT_MS 10
 
 /* ----------------------------------------------------------------- the port */
 
 typedef struct iocp_port {
     HANDLE iocp;
-    sn_process_socket_notifications_fn process;  /* the OS's, the polyfill, or the model */
-    int polyfill;                                  /* 1 when process is sn_afd's */
-    int model;                                     /* 1 when process is sn_model's */
+    const iocp_function_t *fn;  /* the function that processes it (sn_iocp_fn.h) */
     /* Sockets the port's own function refused and the polyfill serves
        instead (sn_iocp_fallback.c). */
     iocp_fallbacks_t fallbacks;
@@ -150,8 +147,7 @@ typedef struct iocp_port {
     iocp_buffers_t buffers;
 } iocp_port_t;
 
-static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn process,
-                      int polyfill) {
+int sn_iocp_open(sn_port_t *port, const iocp_function_t *fn) {
     iocp_port_t *ip;
     DWORD error;
 
@@ -162,9 +158,7 @@ static int iocp__open(sn_port_t *port, sn_process_socket_notifications_fn proces
     ip->iocp = CreateIoCompletionPort(INVALID_HANDLE_VALUE, NULL, 0, 0);
     if (ip->iocp == NULL)
         goto err1;
-    ip->process = process;
-    ip->polyfill = polyfill;
-    ip->model = process == sn_model_process_socket_notifications;
+    ip->fn = fn;
     sn_iocp_fallback_init(&ip->fallbacks);
     sn_iocp_buf_init(&ip->buffers);
     port->impl = ip;
@@ -177,20 +171,15 @@ err1:
 }
 
 static int iocp__open_psn(sn_port_t *port) {
-    sn_process_socket_notifications_fn psn = sn_iocp_function(SN_BACKEND_PSN);
+    const iocp_function_t *psn = sn_iocp_function(SN_BACKEND_PSN);
     if (psn == NULL)
         return SN_ERROR_NOT_SUPPORTED;
-    return iocp__open(port, psn, 0);
+    return sn_iocp_open(port, psn);
 }
 
 static int iocp__open_afd(sn_port_t *port) {
-    return iocp__open(port, sn_afd_process_socket_notifications, 1);
+    return sn_iocp_open(port, sn_iocp_function(SN_BACKEND_AFD));
 }
-
-static int iocp__open_strict(sn_port_t *port) {
-    return iocp__open(port, sn_model_process_socket_notifications, 0);
-}
-
 
 /* sn_port's timeout (ms, SN_INFINITE for ever) as PSN's UINT32. */
 static UINT32 iocp__timeout(int64_t timeout_ms) {
@@ -274,7 +263,7 @@ static DWORD iocp__reenable(sn_port_t *port, iocp_port_t *ip,
     two[1] = *kreg;
     two[1].registrationResult = ERROR_SUCCESS;
     SN_COUNT(port, SN_COUNT_WAITS);
-    rc = ip->process(ip->iocp, 2, two, 0, 0, NULL, NULL);
+    rc = ip->fn->process(ip->iocp, 2, two, 0, 0, NULL, NULL);
     if (iocp__whole_call_failed(rc))
         return kreg->registrationResult;
     return two[1].registrationResult;
@@ -284,7 +273,8 @@ static DWORD iocp__reenable(sn_port_t *port, iocp_port_t *ip,
    modify tried once more after a DISABLE (iocp__reenable; *reenabled
    counts those it saved), refusals the polyfill can make good handed to
    it (sn_iocp_fallback.c). `routed` marks the registrations the polyfill
-   applied already. Returns 1 if a caller ENABLE is still refused. */
+   applied already. Returns 1 if a change whose failure is news
+   (sn__failure_is_news) is still refused. */
 static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
                           SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
                           uint32_t count, int *reenabled) {
@@ -293,18 +283,24 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
     for (i = 0; i < count; i++) {
         if (routed[i])
             continue;
-        if (!ip->polyfill && kregs[i].registrationResult != ERROR_SUCCESS &&
+        if (kregs[i].registrationResult & SN_RESULT_UNAPPLIED_BIT) {
+            /* Not applied (iocp__isolate): nothing to try again or hand
+               over; the port layer keeps the registration as it was. */
+            regs[i].result = (uint32_t)kregs[i].registrationResult;
+            refused |= sn__failure_is_news(&regs[i]);
+            continue;
+        }
+        if (!ip->fn->polyfill && kregs[i].registrationResult != ERROR_SUCCESS &&
             kregs[i].registrationResult != WSAENOTSOCK && regs[i].op == SN_OP_ENABLE &&
             (regs[i].trigger & SN_TRIGGER_MODIFY_ONLY) &&
             iocp__reenable(port, ip, &kregs[i]) == ERROR_SUCCESS) {
             kregs[i].registrationResult = ERROR_SUCCESS;
             (*reenabled)++;
         }
-        if (!ip->polyfill && sn_iocp_fallback_take(&ip->fallbacks, ip->iocp, &kregs[i]))
+        if (!ip->fn->polyfill && sn_iocp_fallback_take(&ip->fallbacks, ip->iocp, &kregs[i]))
             SN_COUNT(port, SN_COUNT_FALLBACKS);
         regs[i].result = (uint32_t)kregs[i].registrationResult;
-        if (regs[i].result != 0 && regs[i].op == SN_OP_ENABLE &&
-            !(regs[i].trigger & SN_TRIGGER_REARM))
+        if (regs[i].result != 0 && sn__failure_is_news(&regs[i]))
             refused = 1;
     }
     return refused;
@@ -317,12 +313,15 @@ static int iocp__verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *r
    its owner has closed already. Sent again as it was, the batch would
    fail again at every call, and the loop with it. So each registration
    is applied alone, without waiting: those the OS takes are applied,
-   and one that fails a call of its own gets that call's error as its
-   own result, which reaches its owner alone. If every one fails alone
+   and one that fails a call of its own was not applied either: it is
+   marked so (sn__unapplied: the port layer keeps its record as it was,
+   unless the socket is gone, and its owner alone hears that call's
+   error: retiring the record instead would leave the kernel's
+   registration live under a key nothing reports). If every one fails alone
    and a call with no registration at all fails too, the fault is the
    port's, not a registration's: nothing was applied (SN_RESULT_UNAPPLIED,
    as before) and the error is returned. Returns 0 when the batch is
-   settled, *refused set if a caller's ENABLE still failed. */
+   settled, *refused set if a change whose failure is news still failed. */
 static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
                          SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
                          uint32_t count, DWORD rc, int *refused) {
@@ -335,15 +334,16 @@ static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *re
         tried++;
         SN_COUNT(port, SN_COUNT_WAITS);
         kregs[i].registrationResult = ERROR_SUCCESS;
-        one = ip->process(ip->iocp, 1, &kregs[i], 0, 0, NULL, NULL);
+        one = ip->fn->process(ip->iocp, 1, &kregs[i], 0, 0, NULL, NULL);
         if (iocp__whole_call_failed(one)) {
-            kregs[i].registrationResult = one;
+            /* Its own call failed as a whole: it changed nothing either. */
+            kregs[i].registrationResult = sn__unapplied(one);
             failed++;
         }
     }
     if (tried != 0 && failed == tried) {
         SN_COUNT(port, SN_COUNT_WAITS);
-        if (iocp__whole_call_failed(ip->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL))) {
+        if (iocp__whole_call_failed(ip->fn->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL))) {
             for (i = 0; i < count; i++)
                 if (!routed[i])
                     regs[i].result = SN_RESULT_UNAPPLIED;
@@ -354,7 +354,7 @@ static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *re
     return 0;
 }
 
-static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
+int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
                          int64_t timeout_ms, sn_kevent_t *events, uint32_t max_events,
                          uint32_t *received, uint32_t *dropped) {
     iocp_port_t *ip = port->impl;
@@ -368,7 +368,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     UINT32 got = 0, j, wait;
     DWORD rc, result;
     uint32_t i;
-    int err = 0, first_enable = 0, refused = 0, reenabled = 0, rearms = 0, split = 0;
+    int err = 0, verdict_first = 0, refused = 0, reenabled = 0, rearms = 0, split = 0;
     int64_t deadline = 0;
 
     *received = 0;
@@ -394,27 +394,35 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         kregs[i].triggerFlags = regs[i].trigger & (UINT8)~SN_TRIGGER_INTERNAL;
         kregs[i].registrationResult = ERROR_SUCCESS;
         routed[i] = 0;
-        if (ip->polyfill || regs[i].op == SN_OP_NONE)
+        if (regs[i].op == SN_OP_NONE)
             continue;
-        if (sn_iocp_fallback_route(&ip->fallbacks, ip->iocp, &kregs[i], &result)) {
+        if (!ip->fn->polyfill &&
+            sn_iocp_fallback_route(&ip->fallbacks, ip->iocp, &kregs[i], &result)) {
             /* A socket the polyfill serves: every change went there. */
             regs[i].result = (uint32_t)result;
             routed[i] = 1;
-        } else if (regs[i].op == SN_OP_ENABLE && !(regs[i].trigger & SN_TRIGGER_REARM)) {
-            /* Not only a socket's first ENABLE may be refused: a modify
-               of a registration the OS holds (add_writer on a socket
-               registered for reading) may be too, and its owner must
-               not wait for the wait to end to hear of it. */
-            first_enable = 1;
-        } else if (regs[i].op == SN_OP_ENABLE) {
-            rearms = 1;
+            if (result != 0 && sn__failure_is_news(&regs[i]))
+                timeout_ms = 0;
+        } else if (regs[i].op == SN_OP_ENABLE && (regs[i].trigger & SN_TRIGGER_REARM)) {
+            if (!ip->fn->polyfill)
+                rearms = 1;
+        } else if (sn__failure_is_news(&regs[i]) &&
+                   (regs[i].op != SN_OP_ENABLE || !ip->fn->polyfill)) {
+            /* A change whose failure its owner must hear before any wait:
+               not only a socket's first ENABLE may be refused, a modify of
+               a registration the OS holds (add_writer on a socket
+               registered for reading) may be too, and a DISABLE or a
+               REMOVE that is not quiet. (The polyfill, which applies
+               before it waits, shortens its own wait for an ENABLE it
+               refuses.) */
+            verdict_first = 1;
         }
     }
 
-    if (first_enable && max_events != 0 && timeout_ms != 0) {
-        /* A caller's ENABLE may be refused: hear it before waiting. */
+    if (verdict_first && max_events != 0 && timeout_ms != 0) {
+        /* A caller's change may be refused: hear it before waiting. */
         SN_COUNT(port, SN_COUNT_WAITS);
-        rc = ip->process(ip->iocp, count, kregs, 0, 0, NULL, NULL);
+        rc = ip->fn->process(ip->iocp, count, kregs, 0, 0, NULL, NULL);
         if (iocp__whole_call_failed(rc)) {
             /* "The entire operation failed, and no changes occurred": find
                the registration that makes it fail. */
@@ -441,7 +449,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
        pays nothing (its events end the first part); an idle one, one more
        wake-up per wait; a refused re-arm, at most that much delay. */
     wait = iocp__timeout(timeout_ms);
-    if (rearms && count != 0 && !ip->polyfill && max_events != 0 &&
+    if (rearms && count != 0 && !ip->fn->polyfill && max_events != 0 &&
         (timeout_ms < 0 || timeout_ms > IOCP_REARM_WAIT_MS)) {
         if (timeout_ms > 0)
             deadline = sn_deadline(timeout_ms);
@@ -451,9 +459,9 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
     SN_COUNT(port, SN_COUNT_WAITS);
     if (max_events == 0) {
         /* PSN's rule: no room for entries means no wait at all. */
-        rc = ip->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
+        rc = ip->fn->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
     } else {
-        rc = ip->process(ip->iocp, count, count ? kregs : NULL, wait, max_events, entries,
+        rc = ip->fn->process(ip->iocp, count, count ? kregs : NULL, wait, max_events, entries,
                          &got);
     }
     if (count != 0) {
@@ -469,8 +477,8 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
             split = 0;    /* the wait below is the whole of it */
             SN_COUNT(port, SN_COUNT_WAITS);
             rc = max_events == 0
-                     ? ip->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL)
-                     : ip->process(ip->iocp, 0, NULL, refused ? 0 : iocp__timeout(timeout_ms),
+                     ? ip->fn->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL)
+                     : ip->fn->process(ip->iocp, 0, NULL, refused ? 0 : iocp__timeout(timeout_ms),
                                    max_events, entries, &got);
         } else {
             iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled);
@@ -480,7 +488,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
                    asks for may be at hand already, so look once more. */
                 UINT32 more = 0;
                 SN_COUNT(port, SN_COUNT_WAITS);
-                if (ip->process(ip->iocp, 0, NULL, 0, max_events - got, entries + got,
+                if (ip->fn->process(ip->iocp, 0, NULL, 0, max_events - got, entries + got,
                                 &more) == ERROR_SUCCESS && more != 0) {
                     got += more;
                     rc = ERROR_SUCCESS;
@@ -494,7 +502,7 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         int64_t left = timeout_ms < 0 ? -1 : sn_time_left(deadline);
         if (left != 0) {
             SN_COUNT(port, SN_COUNT_WAITS);
-            rc = ip->process(ip->iocp, 0, NULL, iocp__timeout(left), max_events, entries,
+            rc = ip->fn->process(ip->iocp, 0, NULL, iocp__timeout(left), max_events, entries,
                              &got);
         }
     }
@@ -504,21 +512,18 @@ static int iocp__process(sn_port_t *port, sn_registration_t *regs, uint32_t coun
         err = (int)rc;
         goto out;
     }
-    if (!ip->polyfill) {
+    if (!ip->fn->polyfill) {
         /* The polyfill's packets came out of the OS's wait: its own. (The
-           strict model's wait translates them itself unless it is a plain
-           GetQueuedCompletionStatusEx, as the OS's is: then the model
-           leaves the fallback's packets to this line, and any packet of a
-           registration the model has dropped to the next.) */
+           strict model's wait leaves them to this line too, as the OS's
+           does: its own registrations live in an instance of the
+           polyfill's state apart from the fallback's.) */
         UINT32 left = (UINT32)sn_iocp_fallback_translate(&ip->fallbacks, ip->iocp,
                                                          entries, got);
-        if (ip->model)
-            left = (UINT32)sn_afd_translate(ip->iocp, entries, left);
         *dropped += got - left;
         got = left;
     }
     for (j = 0; j < got; j++) {
-        if (iocp__kevent(&entries[j], &events[*received], ip->polyfill || ip->model))
+        if (iocp__kevent(&entries[j], &events[*received], ip->fn->emulated))
             (*received)++;
         else
             (*dropped)++;
@@ -529,7 +534,7 @@ out:
     return err;
 }
 
-static int iocp__post(sn_port_t *port, uint64_t key) {
+int sn_iocp_post(sn_port_t *port, uint64_t key) {
     iocp_port_t *ip = port->impl;
     SN_COUNT(port, SN_COUNT_WAKES);
     /* lpOverlapped carries the key; the kernel never dereferences a posted
@@ -540,7 +545,7 @@ static int iocp__post(sn_port_t *port, uint64_t key) {
     return 0;
 }
 
-static void iocp__wake_all(sn_port_t *port) {
+void sn_iocp_wake_all(sn_port_t *port) {
     iocp_port_t *ip = port->impl;
     /* One packet wakes one waiter, and a waiter may take several: close()
        calls this every millisecond until every waiter has left. Leftover
@@ -549,7 +554,7 @@ static void iocp__wake_all(sn_port_t *port) {
     PostQueuedCompletionStatus(ip->iocp, 0, (ULONG_PTR)SN_CLOSE_COMPLETION_KEY, NULL);
 }
 
-static void iocp__close(sn_port_t *port, int inherited) {
+void sn_iocp_close(sn_port_t *port, int inherited) {
     iocp_port_t *ip = port->impl;
     (void)inherited;   /* no fork on Windows */
     if (ip == NULL)
@@ -558,9 +563,9 @@ static void iocp__close(sn_port_t *port, int inherited) {
        this port: it cancels them and drains their completions while the
        port still exists, then closes its helpers (see sn_afd_port_closed).
        Only then may the port go. PSN registrations end with the port. */
-    if (ip->model)
-        sn_model_port_closed(ip->iocp);
-    if (ip->polyfill || ip->model || sn_iocp_fallback_used(&ip->fallbacks))
+    if (ip->fn->closed != NULL)
+        ip->fn->closed(ip->iocp);
+    if (ip->fn->on_polyfill || sn_iocp_fallback_used(&ip->fallbacks))
         sn_afd_port_closed(ip->iocp);
     CloseHandle(ip->iocp);
     /* No thread is inside process() any more (sn_port_close waited for
@@ -571,11 +576,11 @@ static void iocp__close(sn_port_t *port, int inherited) {
     port->impl = NULL;
 }
 
-static uint64_t iocp__os_handle(sn_port_t *port) {
+uint64_t sn_iocp_os_handle(sn_port_t *port) {
     return (uint64_t)(uintptr_t)((iocp_port_t *)port->impl)->iocp;
 }
 
-static int iocp__check(sn_port_t *port, uint64_t socket) {
+int sn_iocp_check(sn_port_t *port, uint64_t socket) {
     int type = 0, len = sizeof type;
     (void)port;
     /* What PSN and the polyfill refuse a registration for: a value that is
@@ -602,30 +607,40 @@ static uint32_t iocp__hash(const unsigned char *p, int n) {
    getsockopt(SO_BSP_STATE): its type and protocol, local and remote
    addresses. The registration's own reading of the socket, so that a
    renewal after closesocket() cannot tie the socket that took the value
-   (see sn_rearm.h, sn__socket_replaced). An unbound socket may fail the
-   option (the reference page leaves it open): then only what SO_TYPE
-   says is known. */
-static int iocp__identify(sn_port_t *port, uint64_t socket, sn_identity_t *out) {
+   (see sn_rearm.h, sn__socket_gone). An unbound socket may fail the
+   option (the reference page leaves it open), a reset one may too: then
+   only what SO_TYPE says is known, and the addresses are unknown
+   (`addressed` 0), not "unbound". */
+int sn_iocp_identify_socket(SOCKET s, int bsp_state, sn_identity_t *out) {
     union {
         CSADDR_INFO info;
         unsigned char bytes[sizeof(CSADDR_INFO) + 2 * sizeof(SOCKADDR_STORAGE)];
     } buf;
     int len = (int)sizeof buf, type = 0;
     const CSADDR_INFO *c = &buf.info;
-    (void)port;
+    DWORD flags;
     memset(out, 0, sizeof *out);
-    if (getsockopt((SOCKET)socket, SOL_SOCKET, SO_BSP_STATE, (char *)&buf, &len) != 0) {
-        int err = WSAGetLastError();
+    /* A handle value closed already is told by the process's handle table
+       alone: no Winsock call, which is an I/O request on the socket (and
+       under Wine 8 one that races the socket's closesocket() in another
+       thread can outlive the socket object: see sn_afd.c, afd__closed).
+       The identity is read before a REMOVE too, and asyncio closes a
+       socket just after its unregister. */
+    if (!GetHandleInformation((HANDLE)s, &flags))
+        return WSAENOTSOCK;
+    if (!bsp_state || getsockopt(s, SOL_SOCKET, SO_BSP_STATE, (char *)&buf, &len) != 0) {
+        if (bsp_state && WSAGetLastError() == WSAENOTSOCK)
+            return WSAENOTSOCK;
         len = (int)sizeof type;
-        if (err == WSAENOTSOCK ||
-            getsockopt((SOCKET)socket, SOL_SOCKET, SO_TYPE, (char *)&type, &len) != 0)
-            return err;
+        if (getsockopt(s, SOL_SOCKET, SO_TYPE, (char *)&type, &len) != 0)
+            return WSAGetLastError();
         out->kind = (uint16_t)(0x8000u | (unsigned)(type & 0xff));
         return 0;
     }
     /* The type alone: what the fallback above reads too, and what an
        unbound socket's answer (if it has one) already says right. */
     out->kind = (uint16_t)(0x8000u | (unsigned)(c->iSocketType & 0xff));
+    out->addressed = 1;
     /* Every sockaddr has its port right after its 2-byte family. */
     if (c->LocalAddr.lpSockaddr != NULL && c->LocalAddr.iSockaddrLength >= 4) {
         const unsigned char *a = (const unsigned char *)c->LocalAddr.lpSockaddr;
@@ -640,7 +655,12 @@ static int iocp__identify(sn_port_t *port, uint64_t socket, sn_identity_t *out) 
     return 0;
 }
 
-static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
+int sn_iocp_identify(sn_port_t *port, uint64_t socket, sn_identity_t *out) {
+    (void)port;
+    return sn_iocp_identify_socket((SOCKET)socket, 1, out);
+}
+
+void sn_iocp_add_afd_counters(sn_port_t *port, uint64_t *out) {
     sn_afd_counters(((iocp_port_t *)port->impl)->iocp, out);
 }
 
@@ -648,40 +668,16 @@ static void iocp__add_afd_counters(sn_port_t *port, uint64_t *out) {
     (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE)
 /* An AFD poll reports a level snapshot; edges cannot be told apart from a
    still-true level (see sn_afd.c). */
-/* The strict model makes edges from level snapshots plus a look at the
-   socket at every call (sn_model.c): the unforgiving reading of EDGE. */
-#define IOCP_TRIGGERS_STRICT IOCP_TRIGGERS_PSN
 #define IOCP_TRIGGERS_AFD \
     (SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL)
 
-/* The three completion-port backends share the port code above; they
-   differ in their id, the triggers they honour, how a port opens (which
-   ProcessSocketNotifications it calls) and whether they add the
-   polyfill's kernel-call counts to the port's (afd and strict, which run
-   on the polyfill; NULL for psn). One shape, one line each. */
-#define IOCP_OPS(backend, honoured, is_available, open_port, counters) {   \
-    .id = (backend),                                                     \
-    .triggers = (honoured),                                              \
-    .caps = SN_CAP_KEY_FIXED,                                            \
-    .available = (is_available),                                         \
-    .open = (open_port),                                                 \
-    .process = iocp__process,                                            \
-    .post = iocp__post,                                                  \
-    .wake_all = iocp__wake_all,                                          \
-    .close = iocp__close,                                                \
-    .os_handle = iocp__os_handle,                                        \
-    .check = iocp__check,                                                \
-    .identify = iocp__identify,                                          \
-    .add_counters = (counters),                                          \
-}
-
+/* The two backends of every build (the strict model's table, of a test
+   build, is sn_model.c's). */
 const sn_backend_ops_t sn_psn_ops = IOCP_OPS(
-    SN_BACKEND_PSN, IOCP_TRIGGERS_PSN, sn_iocp_available_psn, iocp__open_psn, NULL);
-const sn_backend_ops_t sn_strict_ops = IOCP_OPS(
-    SN_BACKEND_STRICT, IOCP_TRIGGERS_STRICT, sn_iocp_available_strict, iocp__open_strict,
-    iocp__add_afd_counters);
+    SN_BACKEND_PSN, IOCP_TRIGGERS_PSN, sn_iocp_available_psn, iocp__open_psn,
+    sn_iocp_identify, NULL);
 const sn_backend_ops_t sn_afd_ops = IOCP_OPS(
     SN_BACKEND_AFD, IOCP_TRIGGERS_AFD, sn_iocp_available_afd, iocp__open_afd,
-    iocp__add_afd_counters);
+    sn_iocp_identify, sn_iocp_add_afd_counters);
 
 #endif /* _WIN32 */

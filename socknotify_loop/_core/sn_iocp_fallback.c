@@ -30,7 +30,10 @@
  *   - The set is read by every call of every thread and written only at a
  *     refusal or a REMOVE: a reader/writer lock, behind a flag that stays
  *     0 on a port that never needed the polyfill, so such a port never
- *     takes the lock at all.
+ *     takes the lock at all. The flag is set before the polyfill is first
+ *     asked to take a socket, not once it has: a takeover that fails
+ *     half-way (no memory for the set) leaves a poll whose completion the
+ *     port's wait must still hand to the polyfill.
  *   - A socket whose REMOVE went to the polyfill is forgotten at once: its
  *     value may be reused by a socket the OS's function accepts.
  *   - The polyfill's packets carry its own reserved key
@@ -124,6 +127,10 @@ int sn_iocp_fallback_take(iocp_fallbacks_t *fb, HANDLE iocp,
         return 0;
     again = *kreg;
     again.registrationResult = 0;
+    /* From here on the polyfill may hold state for the port, whose polls'
+       packets the port's wait must hand back to it (a refused takeover's
+       REMOVE still completes a poll) and which close() must release. */
+    sn_atomic_store(&fb->used, 1);
     if ((err = iocp__afd_apply(iocp, &again)) != 0) {
         /* The polyfill would have served the socket but for memory: the
            owner hears that, not the OS's refusal ("not supported"), which

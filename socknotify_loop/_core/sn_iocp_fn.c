@@ -7,12 +7,14 @@
  * ProcessSocketNotifications (psn), looked up in ws2_32 at run time
  * because it exists only from Windows 11 and Server 2022 and is missing
  * from mingw-w64's import libraries; the IOCTL_AFD_POLL polyfill (afd,
- * sn_afd.c); and the strict model of the documented rules (strict,
- * sn_model.c). sn_iocp.c drives a port through whichever one its backend
- * names. The bare calls (sn_raw_open/process/close) exist so that
- * `python -m socknotify_loop --probe-os` and the strict-model tests can
- * ask each function the documented questions directly: what it answers,
- * not what the port layer makes of it.
+ * sn_afd.c); and, in a test build, the strict model of the documented
+ * rules (strict, sn_model.c). sn_iocp.c drives a port through whichever
+ * one its backend names, described by an iocp_function_t (sn_iocp_fn.h):
+ * the function and what the port code must know of it. The bare calls
+ * (sn_raw_open/process/close) exist so that `python -m socknotify_loop
+ * --probe-os` and the strict-model tests can ask each function the
+ * documented questions directly: what it answers, not what the port layer
+ * makes of it.
  *
  * The hazards: the lookup runs once per process (InitOnceExecuteOnce, so
  * two threads opening their first ports race to nothing), and ws2_32 is
@@ -26,8 +28,6 @@
  */
 #ifdef _WIN32
 
-#include "sn_internal.h"
-#include "sn_win.h"
 #include "sn_afd.h"
 #include "sn_iocp_fn.h"
 
@@ -37,8 +37,14 @@
 
 /* --------------------------------------------------------------- PSN lookup */
 
-static sn_process_socket_notifications_fn iocp__psn;
+/* The OS's function, filled in by the lookup (once). */
+static iocp_function_t iocp__psn;
 static INIT_ONCE iocp__psn_once = INIT_ONCE_STATIC_INIT;
+
+/* The polyfill: applies before it waits, and is ours. */
+static const iocp_function_t iocp__afd = {
+    sn_afd_process_socket_notifications, 1, 1, 1, NULL,
+};
 
 static BOOL CALLBACK iocp__psn_lookup(PINIT_ONCE once, PVOID param, PVOID *context) {
     HMODULE ws2 = GetModuleHandleW(L"ws2_32.dll");
@@ -49,14 +55,14 @@ static BOOL CALLBACK iocp__psn_lookup(PINIT_ONCE once, PVOID param, PVOID *conte
     if (ws2 == NULL)
         ws2 = LoadLibraryW(L"ws2_32.dll");
     if (ws2 != NULL)
-        iocp__psn = (sn_process_socket_notifications_fn)(void (*)(void))
+        iocp__psn.process = (sn_process_socket_notifications_fn)(void (*)(void))
             GetProcAddress(ws2, "ProcessSocketNotifications");
     return TRUE;
 }
 
 static int iocp__psn_found(void) {
     InitOnceExecuteOnce(&iocp__psn_once, iocp__psn_lookup, NULL, NULL);
-    return iocp__psn != NULL;
+    return iocp__psn.process != NULL;
 }
 
 int sn_iocp_available_psn(const char **why) {
@@ -76,19 +82,15 @@ int sn_iocp_available_afd(const char **why) {
     return 1;
 }
 
-int sn_iocp_available_strict(const char **why) {
-    *why = "the strict model of ProcessSocketNotifications (tests only), "
-           "on the IOCTL_AFD_POLL polyfill";
-    return 1;
-}
-
 /* ---------------------------------------------------- the bare functions */
 
-sn_process_socket_notifications_fn sn_iocp_function(int backend) {
+const iocp_function_t *sn_iocp_function(int backend) {
     switch (backend) {
-    case SN_BACKEND_PSN:    return iocp__psn_found() ? iocp__psn : NULL;
-    case SN_BACKEND_AFD:    return sn_afd_process_socket_notifications;
-    case SN_BACKEND_STRICT: return sn_model_process_socket_notifications;
+    case SN_BACKEND_PSN:    return iocp__psn_found() ? &iocp__psn : NULL;
+    case SN_BACKEND_AFD:    return &iocp__afd;
+#ifdef SN_TESTING
+    case SN_BACKEND_STRICT: return &sn_model_function;
+#endif
     default:                return NULL;
     }
 }
@@ -112,7 +114,7 @@ int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registration
                    uint32_t count, uint32_t timeout_ms,
                    sn_notification_t *notifications, uint32_t max_notifications,
                    uint32_t *received) {
-    sn_process_socket_notifications_fn fn = sn_iocp_function(backend);
+    const iocp_function_t *fn = sn_iocp_function(backend);
     SOCK_NOTIFY_REGISTRATION kregs[RAW_REGS];
     OVERLAPPED_ENTRY entries[RAW_ENTRIES];
     UINT32 got = 0, i;
@@ -131,10 +133,11 @@ int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registration
         kregs[i].registrationResult = ERROR_SUCCESS;
     }
     if (max_notifications == 0)
-        rc = fn((HANDLE)(uintptr_t)handle, count, count ? kregs : NULL, 0, 0, NULL, NULL);
+        rc = fn->process((HANDLE)(uintptr_t)handle, count, count ? kregs : NULL, 0, 0, NULL,
+                         NULL);
     else
-        rc = fn((HANDLE)(uintptr_t)handle, count, count ? kregs : NULL, timeout_ms,
-                max_notifications, entries, &got);
+        rc = fn->process((HANDLE)(uintptr_t)handle, count, count ? kregs : NULL, timeout_ms,
+                         max_notifications, entries, &got);
     for (i = 0; i < count; i++)
         registrations[i].result = (uint32_t)kregs[i].registrationResult;
     if (rc == ERROR_SUCCESS) {
@@ -155,10 +158,11 @@ int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registration
 
 int sn_raw_close(int backend, uint64_t handle) {
     HANDLE iocp = (HANDLE)(uintptr_t)handle;
-    if (sn_iocp_function(backend) == NULL)
+    const iocp_function_t *fn = sn_iocp_function(backend);
+    if (fn == NULL)
         return SN_ERROR_NOT_SUPPORTED;
-    if (backend == SN_BACKEND_STRICT)
-        sn_model_port_closed(iocp);
+    if (fn->closed != NULL)
+        fn->closed(iocp);
     /* The polyfill may serve any port (and the model's sockets): release
        what it holds for this one before the handle goes. */
     sn_afd_port_closed(iocp);

@@ -18,6 +18,11 @@
  *                                          subprocesses): SN_EVENT_IO
  *   SN_AFD_COMPLETION_KEY    Windows/afd   the polyfill's own AFD polls;
  *                                          consumed inside the polyfill
+ *   SN_AFD_MODEL_COMPLETION_KEY            the AFD polls of the strict
+ *                            Windows       model's own instance of the
+ *                            (tests)       polyfill (sn_model.c), apart
+ *                                          from the one that serves the
+ *                                          port's refused sockets
  *   SN_POST_COMPLETION_KEY   Windows       sn_port_post(): the caller's key
  *                                          rides in lpOverlapped
  *   SN_CLOSE_COMPLETION_KEY  Windows       sn_port_close() waking waiters;
@@ -38,6 +43,7 @@
 #define SN_AFD_COMPLETION_KEY    0xFFFFFFFFFFFFFFFEull
 #define SN_IO_COMPLETION_KEY     0xFFFFFFFFFFFFFFFDull
 #define SN_CLOSE_COMPLETION_KEY  0xFFFFFFFFFFFFFFFCull
+#define SN_AFD_MODEL_COMPLETION_KEY 0xFFFFFFFFFFFFFFFBull
 #define SN_EPOLL_WAKE_KEY        0xFFFFFFFFFFFFFFFFull
 
 #endif /* SN_KEYS_H */

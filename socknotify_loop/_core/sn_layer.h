@@ -39,6 +39,12 @@ typedef struct sn_layer {
     uint32_t *deferred_recnos;
     uint32_t deferred_count;
     uint32_t deferred_cap;
+    /* Records whose quiet REMOVE a call that failed as a whole did not
+       apply (sn_translate.c): the port sends it again with the next call,
+       its caller having asked to hear nothing more of the registration. */
+    uint32_t *unsent_recnos;
+    uint32_t unsent_count;
+    uint32_t unsent_cap;
     /* Changes applied in the order translated, where the kernel call that
        applies them also waits (sn_run.c, "Two threads"): the threads in
        sn__run now, whether two ever were at once (then every batch is
@@ -47,6 +53,10 @@ typedef struct sn_layer {
     uint32_t runners;
     uint32_t unapplied;
     int ordered;
+    /* The number of the batch being translated (sn__prepare: one per
+       call's changes, never 0): a record enabled in it carries it
+       (sn_record.h, `batch`). */
+    uint32_t batch_serial;
     /* The count of bound changes the last select carried (sn_port_select_changes). */
     uint32_t last_select_count;
 

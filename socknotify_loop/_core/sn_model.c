@@ -87,6 +87,12 @@
  * knows a port by (the backend's os_handle), so it needs nothing of the
  * port code's own structures (sn_iocp.c).
  *
+ * The backend. The strict backend's ops table is this file's too: the
+ * port code of sn_iocp.c (sn_iocp_fn.h's entries) on this function. So a
+ * production build, which compiles this file to nothing (SN_TESTING
+ * undefined), has no strict backend, no model and no controls, and the
+ * port code has no branch of theirs.
+ *
  * Waiting again. A wait whose every entry the model filtered out (edges
  * already high) is waited again for the time left, counted with the
  * core's one deadline arithmetic (sn_deadline, sn_time_left: sn_platform.h),
@@ -100,12 +106,12 @@
  * with its C samples, and the reference pages of ProcessSocketNotifications,
  * SOCK_NOTIFY_REGISTRATION and CreateIoCompletionPort.
  */
-#ifdef _WIN32
+#if defined(_WIN32) && defined(SN_TESTING)
 
 #include "sn_internal.h"
 #include "sn_win.h"
 #include "sn_afd.h"
-#include "sn_testing.h"
+#include "sn_iocp_fn.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +121,12 @@
 /* Waits of a zero-timeout plain wait that dequeued only the model's own
    packets (the polyfill's AFD_POLL_ONLY_ROUNDS, for the same reason). */
 #define MODEL_POLL_ROUNDS 4
+
+/* In a notification the model queues itself ("queued before" an
+   operation, SN_MODEL_QUEUE, a closed socket's): the model's wait hands it
+   on as it was queued, without the bookkeeping of a delivery, and strips
+   the bit. Event masks fit in a byte. */
+#define MODEL_QUEUED 0x10000u
 
 /* The errors the model answers with (see the essay). */
 #define MODEL_ERR_TIED      ERROR_INVALID_PARAMETER
@@ -129,7 +141,8 @@ typedef struct model_port {
     uint32_t serial;          /* a port HANDLE value is reused; this is not */
     uint32_t fail_calls;      /* SN_MODEL_FAIL_CALLS */
     uint32_t modes;           /* SN_MODEL_MODE_* */
-    uint8_t hold;             /* SN_MODEL_HOLD: the next call with an ENABLE waits */
+    uint8_t hold;             /* SN_MODEL_HOLD: the next call carrying this operation
+                                 (SOCK_NOTIFY_OP_ENABLE or _REMOVE) waits; 0: none */
     uint8_t holding;          /* ... and such a call is waiting now */
     struct model_port *next;
 } model_port_t;
@@ -154,6 +167,14 @@ typedef struct model_reg {
 } model_reg_t;
 
 static SRWLOCK model__lock = SRWLOCK_INIT;
+/* The model's registrations live in its own instance of the polyfill's
+   state (SN_AFD_MODEL_COMPLETION_KEY), apart from the instance that serves
+   the port's refused sockets: two registrations of one socket, the model's
+   and the fallback's, are two, as the OS's and the polyfill's would be. */
+static DWORD model__afd(SN_PSN_PARAMETERS) {
+    return sn_afd_process_as(SN_AFD_MODEL_COMPLETION_KEY, SN_PSN_ARGUMENTS);
+}
+
 /* Where a call held by SN_MODEL_HOLD waits for its release. */
 static CONDITION_VARIABLE model__released = CONDITION_VARIABLE_INIT;
 /* socket -> its model_reg_t (the core's one hash table, sn_hash.h). */
@@ -168,12 +189,19 @@ static sn_hash_t model__tied;
    value reused by another socket after closesocket() is not refused. */
 static model_reg_t model__refused[MODEL_REFUSED_MAX];
 static uint32_t model__refused_count;
+/* Sockets whose SO_BSP_STATE a test says fails (SN_MODEL_HIDE_STATE). */
+#define MODEL_HIDDEN_MAX 16
+static SOCKET model__hidden[MODEL_HIDDEN_MAX];
+static uint32_t model__hidden_count;
 
 /* The modes a new port starts with: SOCKNOTIFY_STRICT_MODES, a number
    (C syntax: 0x1f) or "harshest"; none when unset. */
 static uint32_t model__env_modes(void) {
-    const char *text = getenv("SOCKNOTIFY_STRICT_MODES");
-    if (text == NULL || *text == 0)
+    /* The process's environment block, not the C runtime's copy of it,
+       which a mingw-w64 build does not see Python's os.environ change. */
+    char text[64];
+    DWORD n = GetEnvironmentVariableA("SOCKNOTIFY_STRICT_MODES", text, sizeof text);
+    if (n == 0 || n >= sizeof text)
         return 0;
     if (strcmp(text, "harshest") == 0)
         return SN_MODEL_MODES_HARSHEST;
@@ -196,6 +224,15 @@ static model_port_t *model__port(HANDLE iocp, int create) {
     mp->next = model__ports;
     model__ports = mp;
     return mp;
+}
+
+/* The live port with this serial, or NULL (model lock held). */
+static model_port_t *model__port_of(uint32_t serial) {
+    model_port_t *mp;
+    for (mp = model__ports; mp != NULL; mp = mp->next)
+        if (mp->serial == serial)
+            return mp;
+    return NULL;
 }
 
 static model_reg_t *model__find(SOCKET s) {
@@ -387,9 +424,25 @@ static DWORD model__tie(HANDLE iocp, const model_port_t *mp,
 static void model__closed(HANDLE iocp, model_port_t *mp, model_reg_t *r) {
     if ((mp->modes & SN_MODEL_MODE_STALE_AFTER_CLOSE) && r->serial == mp->serial &&
         r->port_alive && r->armed && r->state == MODEL_LIVE)
-        PostQueuedCompletionStatus(iocp, r->filter & (SOCK_NOTIFY_EVENT_IN |
-                                                      SOCK_NOTIFY_EVENT_OUT),
+        PostQueuedCompletionStatus(iocp, MODEL_QUEUED | (r->filter & (SOCK_NOTIFY_EVENT_IN |
+                                                                      SOCK_NOTIFY_EVENT_OUT)),
                                    r->key, NULL);
+    model__drop(r);
+}
+
+/* A registration another port's ENABLE overwrote (model lock held): the
+   polyfill forgets it at its port, if that port lives (quietly: its port
+   drops a REMOVE event it did not ask for), and the model drops it. */
+static void model__overwritten(model_reg_t *r) {
+    model_port_t *holder = r->port_alive ? model__port_of(r->serial) : NULL;
+    if (holder != NULL) {
+        SOCK_NOTIFY_REGISTRATION gone;
+        memset(&gone, 0, sizeof gone);
+        gone.socket = r->socket;
+        gone.completionKey = (PVOID)r->key;
+        gone.operation = SOCK_NOTIFY_OP_REMOVE;
+        model__afd(holder->iocp, 1, &gone, 0, 0, NULL, NULL);
+    }
     model__drop(r);
 }
 
@@ -415,8 +468,21 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             return WSAENOTSOCK;
         if (model__is_refused(reg->socket))
             return MODEL_ERR_PROVIDER;
-        if (r != NULL && (r->serial != mp->serial || !r->port_alive))
-            return MODEL_ERR_TIED;
+        if (r != NULL && (r->serial != mp->serial || !r->port_alive)) {
+            if (!(mp->modes & SN_MODEL_MODE_ENABLE_OVERWRITES))
+                return MODEL_ERR_TIED;
+            /* "Re-registering ... overwrites the existing registration":
+               the other port's registration ends, silently (its port
+               hears nothing more of the socket), and this one begins --
+               unless the socket's handle is associated with that port
+               (SN_MODEL_MODE_TIES_SOCKET), which CreateIoCompletionPort
+               refuses to undo. */
+            if ((mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
+                (error = model__tie(iocp, mp, reg)) != 0)
+                return error;
+            model__overwritten(r);
+            r = NULL;
+        }
         if (reg->triggerFlags & SOCK_NOTIFY_TRIGGER_EDGE)
             high = model__ready(reg->socket, reg->eventFilter);
         if (r == NULL && (mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
@@ -444,7 +510,7 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             /* Room in the table first: nothing may fail once the
                polyfill has the registration. */
             if ((error = (DWORD)sn_hash_reserve(&model__table)) == 0 &&
-                (error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+                (error = model__afd(iocp, 1, &poly, 0, 0, NULL,
                                                              NULL)) == 0)
                 error = poly.registrationResult;
             if (error != 0) {
@@ -458,11 +524,23 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             if ((mp->modes & SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED) && r->armed &&
                 r->state == MODEL_LIVE)
                 return MODEL_ERR_ARMED;
+            if ((mp->modes & SN_MODEL_MODE_QUEUED_BEFORE_MODIFY) && r->armed &&
+                r->state == MODEL_LIVE) {
+                /* What an armed registration whose socket is ready has
+                   queued already stays queued: delivered after this
+                   ENABLE, with the events of the filter it replaces (the
+                   polyfill would filter a completed poll with the new). */
+                uint8_t ready = model__ready(r->socket, r->filter);
+                if (model__is_edge(r))
+                    ready &= (uint8_t)~r->high;
+                if (ready != 0)
+                    PostQueuedCompletionStatus(iocp, MODEL_QUEUED | ready, r->key, NULL);
+            }
             probe.filter = reg->eventFilter;
             probe.trigger = reg->triggerFlags;
             probe.high = high;
             model__poly_enable(&probe, &poly);
-            if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+            if ((error = model__afd(iocp, 1, &poly, 0, 0, NULL,
                                                              NULL)) == 0)
                 error = poly.registrationResult;
             if (error != 0)
@@ -482,6 +560,18 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             (mp->modes & SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER) &&
             !(reg->triggerFlags & (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE)))
             return ERROR_INVALID_PARAMETER;
+        if (r != NULL && r->serial != mp->serial && r->port_alive &&
+            (mp->modes & SN_MODEL_MODE_REMOVE_ANY_PORT)) {
+            /* Nothing in the reference pages says a REMOVE or DISABLE is
+               checked against the port it is sent to: the registration is
+               the socket's, whichever port holds it. So it acts there, and
+               its REMOVE event goes to that port. */
+            model_port_t *holder = model__port_of(r->serial);
+            if (holder != NULL) {
+                mp = holder;
+                iocp = holder->iocp;
+            }
+        }
         if (r == NULL || r->serial != mp->serial || !r->port_alive ||
             (r->state == MODEL_REMOVING && reg->operation == SOCK_NOTIFY_OP_REMOVE))
             return ERROR_NOT_FOUND;
@@ -495,10 +585,10 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
             if (model__is_edge(r))
                 ready &= (uint8_t)~r->high;
             if (ready != 0)
-                PostQueuedCompletionStatus(iocp, ready, r->key, NULL);
+                PostQueuedCompletionStatus(iocp, MODEL_QUEUED | ready, r->key, NULL);
         }
         poly.completionKey = (PVOID)r->key;
-        if ((error = sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL,
+        if ((error = model__afd(iocp, 1, &poly, 0, 0, NULL,
                                                          NULL)) == 0)
             error = poly.registrationResult;
         if (error != 0)
@@ -536,7 +626,7 @@ static void model__edges(HANDLE iocp, model_port_t *mp) {
         if (!r->edge_dirty)
             continue;
         model__poly_enable(r, &poly);
-        sn_afd_process_socket_notifications(iocp, 1, &poly, 0, 0, NULL, NULL);
+        model__afd(iocp, 1, &poly, 0, 0, NULL, NULL);
         r->edge_dirty = 0;
     }
 }
@@ -548,14 +638,23 @@ static ULONG model__filter(model_port_t *mp, OVERLAPPED_ENTRY *entries, ULONG go
     for (j = 0; j < got; j++) {
         OVERLAPPED_ENTRY *e = &entries[j];
         ULONG_PTR key = e->lpCompletionKey;
-        uint32_t events = e->dwNumberOfBytesTransferred;
+        uint32_t events = e->dwNumberOfBytesTransferred, queued;
         model_reg_t *r;
-        if (((uint64_t)key & SN_RESERVED_KEY_BIT) || key == 0 || e->lpOverlapped != NULL ||
-            (r = model__find_key(mp->serial, key)) == NULL) {
-            /* Not a registration of ours: untouched. Nor is the completion
-               of overlapped I/O on a socket the model tied to the port
+        if (((uint64_t)key & SN_RESERVED_KEY_BIT) || key == 0 || e->lpOverlapped != NULL) {
+            /* Not a notification: untouched. Nor is the completion of
+               overlapped I/O on a socket the model tied to the port
                (SN_MODEL_MODE_TIES_SOCKET), under a registration's key but
                with its OVERLAPPED: the model's notifications have none. */
+            entries[n++] = *e;
+            continue;
+        }
+        queued = events & MODEL_QUEUED;
+        events &= ~MODEL_QUEUED;
+        e->dwNumberOfBytesTransferred = events;
+        if ((r = model__find_key(mp->serial, key)) == NULL || queued) {
+            /* A registration the model no longer has (its packets, still
+               queued, are delivered as the OS would), or a notification
+               the model queued itself, delivered as it was queued. */
             entries[n++] = *e;
             continue;
         }
@@ -609,17 +708,14 @@ static DWORD model__plain_wait(HANDLE iocp, model_port_t *mp, UINT32 timeoutMs, 
         DWORD error = GetLastError();
         return error == WAIT_TIMEOUT ? WAIT_TIMEOUT : error;
     }
-    AcquireSRWLockExclusive(&model__lock);
+    (void)mp;
     for (j = 0; j < got; j++) {
         OVERLAPPED_ENTRY e = entries[j];
-        ULONG_PTR key = sn_afd_entry_key(iocp, &e);
-        if (key != 0 && model__find_key(mp->serial, key) != NULL) {
-            if (sn_afd_translate(iocp, &e, 1) == 0)
-                continue;     /* a poll of the model's with nothing to tell */
-        }
+        if (e.lpCompletionKey == SN_AFD_MODEL_COMPLETION_KEY &&
+            sn_afd_translate_as(SN_AFD_MODEL_COMPLETION_KEY, iocp, &e, 1) == 0)
+            continue;     /* a poll of the model's with nothing to tell */
         entries[n++] = e;
     }
-    ReleaseSRWLockExclusive(&model__lock);
     *raw = got;
     *got_out = (UINT32)n;
     return ERROR_SUCCESS;
@@ -653,7 +749,7 @@ DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS) {
            and its application (not yet), where another thread's batch may
            overtake it. */
         for (i = 0; i < registrationCount; i++)
-            if (registrationInfos[i].operation == SOCK_NOTIFY_OP_ENABLE)
+            if (registrationInfos[i].operation == mp->hold)
                 break;
         if (i < registrationCount) {
             mp->hold = 0;
@@ -691,7 +787,7 @@ DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS) {
             rc = model__plain_wait(completionPort, mp, timeoutMs, completionCount,
                                    completionPortEntries, &got, &raw);
         } else {
-            rc = sn_afd_process_socket_notifications(completionPort, 0, NULL, timeoutMs,
+            rc = model__afd(completionPort, 0, NULL, timeoutMs,
                                                      completionCount,
                                                      completionPortEntries, &got);
         }
@@ -796,16 +892,36 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
         break;
     case SN_MODEL_HOLD:
         mp = model__port(iocp, 1);
-        if (mp == NULL || value < 0 || value > 2) {
+        answer = mp != NULL ? mp->holding : 0;
+        if (mp == NULL || value < 0 || value > 4) {
             answer = -(int64_t)ERROR_INVALID_PARAMETER;
-        } else if (value == 2) {
-            answer = mp->holding;
+        } else if (value == 1 || value == 3) {
+            mp->hold = value == 1 ? SOCK_NOTIFY_OP_ENABLE : SOCK_NOTIFY_OP_REMOVE;
+        } else if (value == 0 || value == 4) {
+            if (value == 0)
+                mp->hold = 0;
+            mp->holding = 0;
+            WakeAllConditionVariable(&model__released);
+        }
+        break;
+    case SN_MODEL_HIDE_STATE:
+        /* The port's reading of what the socket is (model__identify) meets
+           a SO_BSP_STATE that fails, as it may on Windows (the option's
+           page leaves the unbound socket open; a reset connection may
+           forget its addresses). */
+        if (value != 0 && value != 1) {
+            answer = -(int64_t)ERROR_INVALID_PARAMETER;
         } else {
-            answer = mp->holding;
-            mp->hold = (uint8_t)value;
-            if (value == 0) {
-                mp->holding = 0;
-                WakeAllConditionVariable(&model__released);
+            uint32_t k;
+            for (k = 0; k < model__hidden_count && model__hidden[k] != (SOCKET)socket; k++)
+                ;
+            if (k < model__hidden_count && !value)
+                model__hidden[k] = model__hidden[--model__hidden_count];
+            else if (k == model__hidden_count && value) {
+                if (model__hidden_count == MODEL_HIDDEN_MAX)
+                    answer = -(int64_t)ERROR_NOT_ENOUGH_MEMORY;
+                else
+                    model__hidden[model__hidden_count++] = (SOCKET)socket;
             }
         }
         break;
@@ -819,7 +935,7 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
         if (r == NULL || !model__same_socket(r) || mp == NULL || r->serial != mp->serial ||
             value <= 0 || value > 0xff)
             answer = -(int64_t)ERROR_NOT_FOUND;
-        else if (!PostQueuedCompletionStatus(iocp, (DWORD)value, r->key, NULL))
+        else if (!PostQueuedCompletionStatus(iocp, MODEL_QUEUED | (DWORD)value, r->key, NULL))
             answer = -(int64_t)GetLastError();
         break;
     case SN_MODEL_KEY:
@@ -837,6 +953,47 @@ static int64_t model__control(HANDLE iocp, int what, uint64_t socket, int64_t va
     return answer;
 }
 
+/* ---------------------------------------------------------- the backend */
+
+/* Ours (no OVERLAPPED in its notifications), on the polyfill. */
+const iocp_function_t sn_model_function = {
+    sn_model_process_socket_notifications, 0, 1, 1, sn_model_port_closed,
+};
+
+static int model__available(const char **why) {
+    *why = "the strict model of ProcessSocketNotifications (test build), "
+           "on the IOCTL_AFD_POLL polyfill";
+    return 1;
+}
+
+static int model__open(sn_port_t *port) {
+    return sn_iocp_open(port, &sn_model_function);
+}
+
+/* What the socket under a handle value is, as the port code reads it
+   (sn_iocp.c), with SO_BSP_STATE failing for a socket a test names
+   (SN_MODEL_HIDE_STATE). */
+static int model__identify(sn_port_t *port, uint64_t socket, sn_identity_t *out) {
+    uint32_t k;
+    int bsp_state = 1;
+    (void)port;
+    AcquireSRWLockShared(&model__lock);
+    for (k = 0; k < model__hidden_count; k++)
+        if (model__hidden[k] == (SOCKET)socket)
+            bsp_state = 0;
+    ReleaseSRWLockShared(&model__lock);
+    return sn_iocp_identify_socket((SOCKET)socket, bsp_state, out);
+}
+
+/* The model makes edges from level snapshots plus a look at the socket at
+   every call: the unforgiving reading of EDGE. */
+const sn_backend_ops_t sn_strict_ops = IOCP_OPS(
+    SN_BACKEND_STRICT,
+    SN_TRIGGER_ONESHOT | SN_TRIGGER_PERSISTENT | SN_TRIGGER_LEVEL | SN_TRIGGER_EDGE,
+    model__available, model__open, model__identify, sn_iocp_add_afd_counters);
+
+/* ------------------------------------------------------- the controls' entry */
+
 int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value) {
     int64_t answer;
     if (port->ops != &sn_strict_ops)
@@ -849,4 +1006,8 @@ int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t val
     return answer;
 }
 
-#endif /* _WIN32 */
+#endif /* _WIN32 && SN_TESTING */
+
+/* ISO C wants a declaration in every translation unit, also where the
+   #if above leaves none (MSVC and -pedantic warn otherwise). */
+typedef int sn_model_c_is_for_windows_test_builds;

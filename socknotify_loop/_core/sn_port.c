@@ -25,7 +25,9 @@
  * REMOVEs on close (SN_CAP_KEY_FIXED). "A socket may be associated with
  * only a single I/O completion port" (Microsoft's article "Winsock socket
  * state notifications"): a socket that outlives the port must not stay
- * tied to the dead one, so close() REMOVEs every live registration first.
+ * tied to the dead one, so close() REMOVEs every live registration first
+ * -- but not one whose socket was closed since, whose handle value may
+ * name another loop's socket now: checked as every REMOVE is.
  *
  * Sources read: Microsoft's article "Winsock socket state notifications"
  * and the ProcessSocketNotifications reference page; wepoll's port.c (a
@@ -137,6 +139,16 @@ uint32_t sn_port_counters(sn_port_t *handle, uint64_t *out, uint32_t n) {
     return n;
 }
 
+/* Whether a removing record's REMOVE is still to be sent (no thread
+   inside: close). */
+static int sn__rec_unsent(const sn_layer_t *port, uint32_t recno) {
+    uint32_t i;
+    for (i = 0; i < port->unsent_count; i++)
+        if (port->unsent_recnos[i] == recno)
+            return sn__rec_removing(&port->records[recno]);
+    return 0;
+}
+
 /* REMOVEs on close (SN_CAP_KEY_FIXED): a socket that outlives its port
    must not stay tied to the dead one, where the next port's registration
    would be refused ("a socket can be associated with only one completion
@@ -152,7 +164,15 @@ static void sn__remove_all(sn_layer_t *port) {
         return;
     for (recno = 0; recno < port->records_cap && n < port->live_count; recno++) {
         sn_record_t *record = &port->records[recno];
-        if (!sn__rec_live(record))
+        /* live_count counts the records with an index entry: live and
+           removing ones alike. A removing one's REMOVE went to the kernel
+           already, unless a call that failed as a whole left it unsent
+           (sn__prepare_unsent): those go too. */
+        /* A socket closed since, its handle value perhaps another's:
+           closesocket() ended the registration, and a REMOVE would reach
+           the stranger's (sn__socket_gone). */
+        if ((!sn__rec_live(record) && !sn__rec_unsent(port, recno)) ||
+            (record->in_kernel && sn__socket_gone(port, record) != 0))
             continue;
         regs[n].socket = record->socket;
         regs[n].key = SN_KERNEL_KEY(recno, record->generation);

@@ -67,6 +67,48 @@ int sn__deferred_push(sn_layer_t *port, uint32_t recno) {
                                 &port->deferred_cap, 16, recno);
 }
 
+int sn__unsent_push(sn_layer_t *port, uint32_t recno) {
+    return sn__recnos_grow_push(&port->unsent_recnos, &port->unsent_count,
+                                &port->unsent_cap, 16, recno);
+}
+
+/* A quiet REMOVE is its caller's last word: it forgets the registration
+   whatever the result. One that a call failing as a whole did not apply
+   ("no changes occurred": the kernel still holds the registration, armed
+   perhaps) is the port's to finish, or the registration would be re-armed
+   and reported for nobody. Its record stays removing (nothing is reported
+   for it), on this list, and the REMOVE goes again with the next call,
+   under the same key. Lock held. */
+uint32_t sn__prepare_unsent(sn_layer_t *port, sn_registration_t *kregs,
+                            sn_memo_t *memos, uint32_t limit) {
+    uint32_t i, n = 0, kept = 0;
+    for (i = 0; i < port->unsent_count; i++) {
+        uint32_t recno = port->unsent_recnos[i];
+        sn_record_t *record = &port->records[recno];
+        if (!sn__rec_removing(record))
+            continue;   /* retired meanwhile */
+        if (n == limit) {
+            port->unsent_recnos[kept++] = recno;
+            continue;
+        }
+        kregs[n].socket = record->socket;
+        kregs[n].key = SN_KERNEL_KEY(recno, record->generation);
+        kregs[n].events = 0;
+        kregs[n].op = SN_OP_REMOVE;
+        kregs[n].trigger = SN_TRIGGER_QUIET;
+        kregs[n].result = 0;
+        memos[n].recno = recno;
+        memos[n].skip = 0;
+        memos[n].kind = SN_MEMO_RESENT;
+        memos[n].fresh = 0;
+        memos[n].before = record->state;
+        memos[n].waits = SN_WAITS_NONE;
+        n++;
+    }
+    port->unsent_count = kept;
+    return n;
+}
+
 /* The ENABLEs that waited for their socket's REMOVE event (sn__rebirth),
    under the record's new kernel key, at most `limit` of them: each may
    fail and take an entry of the call's answer, so a call carries no more
@@ -81,7 +123,11 @@ uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs,
         if (!(SN_REC_BIT(record->state) &
               (SN_REC_BIT(SN_REC_ENABLED) | SN_REC_BIT(SN_REC_FIRED))) || record->in_kernel)
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
-        if (n == limit) {
+        if (n == limit || record->batch == port->batch_serial) {
+            /* No room; or its owner's own ENABLE of it is in this batch,
+               and one ENABLE per registration goes to the kernel in a
+               call. Kept: a later call finds it enabled (and drops it), or
+               still waiting, if that ENABLE was not applied. */
             port->deferred_recnos[kept++] = recno;
             continue;
         }
@@ -125,8 +171,11 @@ void sn__report_deferred_failures(const sn_registration_t *kregs,
 void sn__rearm_free(sn_layer_t *port) {
     free(port->rearm_recnos);
     free(port->deferred_recnos);
+    free(port->unsent_recnos);
     port->rearm_recnos = NULL;
     port->deferred_recnos = NULL;
+    port->unsent_recnos = NULL;
     port->rearm_count = port->rearm_cap = 0;
     port->deferred_count = port->deferred_cap = 0;
+    port->unsent_count = port->unsent_cap = 0;
 }

@@ -33,40 +33,56 @@ SN_INLINE int sn__rearm_push(sn_layer_t *port, uint32_t recno) {
    the next call. Returns 0, the list unchanged, if there is no memory. */
 int sn__deferred_push(sn_layer_t *port, uint32_t recno);
 
-/* Whether the socket under a record's handle value is no longer the one
-   its registration was made for: closed without a REMOVE (closesocket()
-   deregisters silently) and the value handed to a new socket. Where the
-   kernel can tell (epoll: the backend has no identify op), it refuses the
-   renewal itself. ProcessSocketNotifications cannot: its ENABLE "overwrites
-   the existing registration" or makes one, so renewing a dead socket's
-   registration would tie a stranger's socket to this port, its readiness
-   reported under the dead socket's key and its owner's own port refused
-   ("one socket, one port"). So a renewal (a re-arm; a caller's modify,
-   which then makes a new registration: sn_translate.c) first reads what
-   the socket is and compares it with what it was
-   (sn__identity_differs); the same socket has what is known of it
-   updated. A value that is no socket at all is left to the kernel, which
-   fails it. Lock held. */
-SN_INLINE int sn__socket_replaced(sn_layer_t *port, sn_record_t *record) {
+/* Note a removing record whose quiet REMOVE was not applied (a call that
+   failed as a whole carried it): sent again with the next call. Returns
+   0, the list unchanged, if there is no memory. */
+int sn__unsent_push(sn_layer_t *port, uint32_t recno);
+
+/* The quiet REMOVEs that were not applied, written into kregs/memos (at
+   most `limit`; the rest stay queued); returns how many. */
+uint32_t sn__prepare_unsent(sn_layer_t *port, sn_registration_t *kregs, sn_memo_t *memos,
+                            uint32_t limit);
+
+/* Whether the registration a record stands for is gone from the kernel
+   because its socket is: closed without a REMOVE (closesocket()
+   deregisters silently), its handle value perhaps handed to a new socket.
+   Where the kernel can tell (epoll: the backend has no identify op), it
+   refuses a renewal itself. ProcessSocketNotifications cannot: its
+   ENABLE "overwrites the existing registration" or makes one, and
+   nothing says its REMOVE or DISABLE checks which port holds the socket,
+   so a renewal, a REMOVE or a DISABLE of a dead socket's registration
+   would act on the stranger's socket that took its handle value --
+   register it here under the dead socket's key, or remove it from the
+   port (another loop's) that holds it. So before any of them
+   (sn_translate.c, sn__prepare_rearms, sn_port.c's REMOVEs at close) the
+   port reads what the socket is and compares it with what it was
+   (sn__identity_differs), as it reads it for every renewal. Returns 0 for
+   the same socket (what is known of it updated) or one the port cannot
+   tell apart; else the error the change gets: the identify op's for a
+   handle that is no socket, SN_ERROR_NOT_REGISTERED for another socket.
+   Lock held (or no thread inside: close). */
+SN_INLINE int sn__socket_gone(sn_layer_t *port, sn_record_t *record) {
     sn_identity_t now;
-    if (port->base.ops->identify == NULL ||
-        port->base.ops->identify(&port->base, record->socket, &now) != 0)
+    int err;
+    if (port->base.ops->identify == NULL)
         return 0;
+    if ((err = port->base.ops->identify(&port->base, record->socket, &now)) != 0)
+        return err;
     if (sn__identity_differs(&record->ident, &now))
-        return 1;
-    sn__rec_identify(record, &now, 1);
+        return SN_ERROR_NOT_REGISTERED;
+    (void)sn__rec_identify(port, record, &now, 1);
     return 0;
 }
 
 /* What the socket is, read as its registration is made (an ENABLE that
-   adds one): the reference for sn__socket_replaced. Lock held. */
+   adds one): the reference for sn__socket_gone. Lock held. */
 SN_INLINE void sn__socket_identify(sn_layer_t *port, sn_record_t *record) {
     sn_identity_t now;
     if (port->base.ops->identify == NULL)
         return;
     if (port->base.ops->identify(&port->base, record->socket, &now) != 0)
         memset(&now, 0, sizeof now);
-    sn__rec_identify(record, &now, 0);
+    (void)sn__rec_identify(port, record, &now, 0);
 }
 
 /* One ENABLE of the port's own for record `recno`, under its current
@@ -98,12 +114,12 @@ SN_INLINE uint32_t sn__prepare_rearms(sn_layer_t *port, sn_registration_t *kregs
     for (i = 0; i < port->rearm_count; i++) {
         uint32_t recno = port->rearm_recnos[i];
         sn_record_t *record = &port->records[recno];
-        if (record->state != SN_REC_FIRED)
+        if (record->state != SN_REC_FIRED || !sn__rec_rearm(port, record))
             continue;   /* removed, disabled or re-enabled by its owner meanwhile */
-        sn__rec_rearm(record);
-        /* Closed, its handle value another socket's: no re-arm, as epoll's
-           MOD fails (see below). */
-        if (record->in_kernel && sn__socket_replaced(port, record))
+        /* Closed, its handle value perhaps another socket's: no re-arm, as
+           epoll's MOD fails (see below); its owner's next change meets the
+           same answer. */
+        if (record->in_kernel && sn__socket_gone(port, record) != 0)
             continue;
         /* A re-arm renews what the kernel has: if the descriptor was
            closed meanwhile, it must fail, not arm whatever file took the
@@ -133,7 +149,7 @@ uint32_t sn__prepare_deferred(sn_layer_t *port, sn_registration_t *kregs, sn_mem
 void sn__report_deferred_failures(const sn_registration_t *kregs, const sn_memo_t *memos,
                                   uint32_t from, uint32_t count, sn_sink_t *sink);
 
-/* Release both lists (the port is closing; no thread inside). */
+/* Release the lists (the port is closing; no thread inside). */
 void sn__rearm_free(sn_layer_t *port);
 
 #endif /* SN_REARM_H */

@@ -155,23 +155,21 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
            the filter enabled since. Dropped, it would be lost with the
            readiness it tells of until some other event ended the wait. */
         if (record->state == SN_REC_FIRED) {
-            if (!record->unheard)
+            if (!record->unheard || !sn__rec_heard(port, record))
                 continue;
-            record->unheard = 0;
         }
         /* A one-shot delivery disarmed the registration in the kernel,
            whatever we make of it: note it for the next re-arm even if
            nothing in it is reported (the kernel may deliver a condition
-           outside the filter, such as an error). */
+           outside the filter, such as an error). Nothing of it for the
+           caller: see FIRED above. */
         if (port->rearm_mode && (record->trigger & SN_TRIGGER_ONESHOT) &&
-            record->state == SN_REC_ENABLED && sn__rearm_push(port, recno)) {
-            sn__rec_fire(record);
-            /* Nothing of it for the caller: see FIRED above. */
-            record->unheard =
-                sink->notes != NULL
-                    ? (ev->events & ((uint32_t)record->events | SN_EVENT_ERR)) == 0
-                    : sn__select_mask(record->events, ev->events) == 0;
-        }
+            record->state == SN_REC_ENABLED && sn__rearm_push(port, recno) &&
+            !sn__rec_fire(port, record,
+                          sink->notes != NULL
+                              ? (ev->events & ((uint32_t)record->events | SN_EVENT_ERR)) == 0
+                              : sn__select_mask(record->events, ev->events) == 0))
+            port->rearm_count--;   /* refused: off the list again */
         if (sink->notes != NULL) {
             wanted = ev->events & ((uint32_t)record->events | SN_EVENT_ERR);
             if (wanted == 0 || !sn__sink_room(sink, 0))
@@ -271,7 +269,7 @@ static void sn__scratch_release(sn_scratch_t *s) {
    another thread removed the registration, closed its descriptor and
    registered the reused number would re-key the new registration to a
    dead key. The first `callers` are the caller's `regs`. Returns how many
-   of the caller's ENABLEs failed. */
+   of the caller's changes failed whose failure is news (sn__caller_news). */
 static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                                   sn_registration_t *kregs, sn_memo_t *memos,
                                   uint32_t callers, uint32_t total, sn_kevent_t *events) {
@@ -279,7 +277,7 @@ static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registrat
     int call_error = port->base.ops->process(&port->base, kregs, total, 0, events, 0, &got, &dropped);
     sn__settle(port, flags, regs, kregs, memos, callers, total, call_error);
     for (i = 0; i < callers; i++)
-        refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+        refused += regs[i].result != 0 && sn__caller_news(&regs[i], flags);
     return refused;
 }
 
@@ -287,7 +285,7 @@ static uint32_t sn__apply_at_once(sn_layer_t *port, uint32_t flags, sn_registrat
    the port's own re-arms and deferred ENABLEs, translated into the
    scratch; applied and settled at once where the backend does so. Sets
    *total to what the wait still has to apply, *refused to how many of
-   the caller's ENABLEs failed already and *ndeferred to how many deferred
+   the caller's changes failed already (whose failure is news) and *ndeferred to how many deferred
    ENABLEs the batch carries: at most `room`, since each may fail and take
    an entry of the call's answer (the rest wait for the next call). */
 static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
@@ -298,13 +296,16 @@ static int sn__run_prepare(sn_layer_t *port, uint32_t flags, sn_registration_t *
     if (flags & SN_PROCESS_REARM)
         port->rearm_mode = 1;
     if (sn__scratch_fit(port, s, count + ((flags & SN_PROCESS_REARM) ? port->rearm_count : 0) +
-                                 port->deferred_count) != 0)
+                                 port->deferred_count + port->unsent_count) != 0)
         return SN_ERROR_NO_MEMORY;
     /* The caller's changes first: a registration it removes or re-enables
        in this call is then no longer due for a re-arm of ours. */
     *refused = count != 0 ? sn__prepare(port, flags, regs, s->kregs, s->memos, count) : 0;
     if ((flags & SN_PROCESS_REARM) && port->rearm_count != 0)
         internal = sn__prepare_rearms(port, s->kregs + count, s->memos + count);
+    if (port->unsent_count != 0)
+        internal += sn__prepare_unsent(port, s->kregs + count + internal,
+                                       s->memos + count + internal, UINT32_MAX);
     *ndeferred = 0;
     if (port->deferred_count != 0) {
         *ndeferred = sn__prepare_deferred(port, s->kregs + count + internal,
@@ -362,7 +363,7 @@ static void sn__order_leave(sn_layer_t *port, int runner, int unapplied) {
    (an ordered port: "Two threads" above), settle it, report its deferred
    ENABLEs that failed; then the same for the deferred ENABLEs it freed (a
    re-key whose REMOVE failed), so that none of them sits out the wait.
-   Returns how many of the caller's ENABLEs failed. */
+   Returns how many of the caller's changes failed (whose failure is news). */
 static uint32_t sn__apply_ordered(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
                                   sn_scratch_t *s, sn_kevent_t *events, uint32_t callers,
                                   uint32_t total, uint32_t max_events, uint32_t base,
@@ -375,7 +376,7 @@ static uint32_t sn__apply_ordered(sn_layer_t *port, uint32_t flags, sn_registrat
         sn__settle(port, flags, regs, s->kregs, s->memos, callers, total, call_error);
         sn__report_deferred_failures(s->kregs, s->memos, callers, total, sink);
         for (i = 0; i < callers; i++)
-            refused += regs[i].result != 0 && regs[i].op == SN_OP_ENABLE;
+            refused += regs[i].result != 0 && sn__caller_news(&regs[i], flags);
         callers = 0;
         total = 0;
         if (port->deferred_count != 0 && max_events != 0) {
@@ -519,8 +520,15 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         err = sn__apply_before_wait(port, flags, regs, &scratch, events, callers, max_events,
                                     base, sink, &total, &ndeferred, &timeout_ms);
         callers = 0;
-        sn__order_leave(port, 0, unapplied);   /* settled */
-        unapplied = 0;
+        /* Settled. The ENABLEs it freed, if any, are translated and ride
+           in the wait: until that is settled the batch is still on its
+           way, and no thread may apply a change after it (sn__order_enter)
+           -- a REMOVE of the same registration would reach the kernel
+           first, fail, and retire the record under the ENABLE. */
+        if (total == 0) {
+            sn__order_leave(port, 0, unapplied);
+            unapplied = 0;
+        }
         if (err != 0)
             goto out;
     }
@@ -653,10 +661,8 @@ int sn_port_change(sn_port_t *handle, uint64_t socket, uint64_t key, uint16_t ev
    through the same parts: the re-arms, when they fit SN_QUICK_REARMS, are
    prepared, applied and settled under the table lock (sn__apply_at_once,
    for the reason it gives); then one wait without the lock, the delivery
-   under it, and sn__run's own rule for waiting again. Under callgrind on
-   CPython 3.14, the select calls of a streams round trip (four) cost about
-   3,300 instructions in the core through sn__run and 2,300 through this
-   path.
+   under it, and sn__run's own rule for waiting again (its cost against
+   sn__run's: docs/design.md, "The C core's files").
    Returns 1 when it answered the call (*err set); 0 when sn__run must:
    the port is not in that case (nothing done yet), or the wait dequeued
    only stale events, and sn__run -- the one owner of "wait again" -- waits
@@ -674,7 +680,8 @@ int sn__run_quick(sn_layer_t *port, int64_t *timeout_ms, sn_kevent_t *events,
             SN_CAP_CHANGES_AT_ONCE)
         return 0;
     sn_mutex_lock(&port->lock);
-    if (port->deferred_count != 0 || port->rearm_count > SN_QUICK_REARMS) {
+    if (port->deferred_count != 0 || port->unsent_count != 0 ||
+        port->rearm_count > SN_QUICK_REARMS) {
         sn_mutex_unlock(&port->lock);
         return 0;
     }

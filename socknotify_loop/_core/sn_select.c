@@ -101,13 +101,20 @@ int64_t sn_port_select(sn_port_t *handle, uint32_t count, double timeout_ms) {
         err = sn__run(port, SN_PROCESS_REARM | SN_PROCESS_QUIET_REMOVE,
                       port->bound_changes, count, wait_ms, max_events,
                       port->bound_events, &sink);
-    /* A change that failed: its owner hears of it as readiness, once. */
+    /* A change that failed: its owner hears of it as readiness, once (two
+       ENABLEs of one registration in the select, merged into one, share
+       their verdict: one pair). */
     for (i = 0; i < count; i++) {
         const sn_registration_t *reg = &port->bound_changes[i];
         uint64_t mask;
+        uint32_t j;
         if (reg->result == 0 || reg->op != SN_OP_ENABLE)
             continue;
         mask = sn__select_mask(reg->events, SN_EVENT_ERR);
+        for (j = 0; j < i && mask != 0; j++)
+            if (port->bound_changes[j].key == reg->key && port->bound_changes[j].result != 0 &&
+                port->bound_changes[j].op == SN_OP_ENABLE)
+                mask = 0;
         if (mask == 0)
             continue;
         port->bound_out[2 * sink.n] = reg->key;

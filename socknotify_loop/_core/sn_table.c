@@ -95,9 +95,11 @@ int sn__record_new(sn_layer_t *port, uint64_t socket, uint64_t user_key,
         return err;
     if ((err = sn_hash_reserve(&port->index)) != 0)
         return err;
-    recno = port->free_recnos[--port->free_count];
+    recno = port->free_recnos[port->free_count - 1];
     record = &port->records[recno];
-    sn__rec_open(record, socket, user_key);
+    if (!sn__rec_open(port, record, socket, user_key))
+        return SN_ERROR_INVALID;   /* a free number whose record is not FREE */
+    port->free_count--;
     /* Replaces the entry of an older record of the same socket value (one
        still REMOVING): lookups find the newest. */
     sn_hash_put(&port->index, socket, (uint64_t)recno + 1);
@@ -110,14 +112,13 @@ void sn__record_retire(sn_layer_t *port, uint32_t recno) {
     sn_record_t *record = &port->records[recno];
     /* Every caller checks first (a generation that matches belongs to a
        used record): a retire of a free record would push its number twice
-       on the free stack. The checked build reports it; a release build
-       does nothing. */
-    if (!SN_REC_EXPECT(record, SN_REC_ANY_USED, "retire") || record->state == SN_REC_FREE)
+       on the free stack, so it is refused (counted, and reported by the
+       checked build). */
+    if (!sn__rec_free(port, record))
         return;
     /* Only this record's entry: a newer record of the same socket value
        may have replaced it. */
     sn_hash_del(&port->index, record->socket, (uint64_t)recno + 1);
-    sn__rec_free(record);
     port->free_recnos[port->free_count++] = recno;
     port->live_count--;
 }
@@ -127,7 +128,10 @@ int sn__rebirth(sn_layer_t *port, uint32_t recno) {
         sn__record_retire(port, recno);
         return 0;
     }
-    sn__rec_reborn(&port->records[recno]);
+    if (!sn__rec_reborn(port, &port->records[recno])) {
+        port->deferred_count--;   /* taken back: nothing was reborn */
+        return 0;
+    }
     return 1;
 }
 
@@ -143,18 +147,27 @@ const char *sn__rec_state_name(unsigned state) {
 #include <stdio.h>
 
 void (*sn__transition_hook)(const char *transition, unsigned state);
+#endif
 
-void sn__transition_refused(const char *transition, unsigned state,
-                            const char *file, int line) {
+int sn__transition_refused(sn_layer_t *port, const char *transition, unsigned state,
+                           const char *file, int line) {
+    SN_COUNT(&port->base, SN_COUNT_REFUSED);
+#ifdef SN_CHECK_TRANSITIONS
     if (sn__transition_hook != NULL) {
         sn__transition_hook(transition, state);
-        return;
+        return 0;
     }
     fprintf(stderr, "%s:%d: record transition '%s' refused from state %s\n",
             file, line, transition, sn__rec_state_name(state));
     abort();
-}
+#else
+    (void)transition;
+    (void)state;
+    (void)file;
+    (void)line;
+    return 0;
 #endif
+}
 
 void sn__table_free(sn_layer_t *port) {
     free(port->records);

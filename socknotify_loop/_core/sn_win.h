@@ -101,10 +101,12 @@ typedef DWORD (WINAPI *sn_process_socket_notifications_fn)(SN_PSN_PARAMETERS);
 /* The argument rules of ProcessSocketNotifications' reference page, checked
    first by both of our implementations of it (the polyfill's and the strict
    model's): the received count is zeroed before anything can fail, a port
-   handle that cannot be one is ERROR_INVALID_HANDLE, and no entries means no
-   wait and no outputs (ERROR_INVALID_PARAMETER otherwise). SN_PSN_ARGUMENTS
-   passes a definition's own parameters through. Returns 0 when the call may
-   go on. */
+   handle that cannot be one is ERROR_INVALID_HANDLE, registrationInfos is
+   NULL exactly when registrationCount is 0, no entries means no wait and
+   no outputs, and the registrations and the entries are two arrays that do
+   not overlap (ERROR_INVALID_PARAMETER otherwise). SN_PSN_ARGUMENTS passes
+   a definition's own parameters through. Returns 0 when the call may go
+   on. */
 #define SN_PSN_ARGUMENTS completionPort, registrationCount, registrationInfos, \
     timeoutMs, completionCount, completionPortEntries, receivedEntryCount
 
@@ -113,12 +115,20 @@ static inline DWORD sn_psn_check_arguments(SN_PSN_PARAMETERS) {
         *receivedEntryCount = 0;
     if (completionPort == NULL || completionPort == INVALID_HANDLE_VALUE)
         return ERROR_INVALID_HANDLE;
-    if ((registrationCount != 0 && registrationInfos == NULL) ||
+    if ((registrationCount != 0) != (registrationInfos != NULL) ||
         (completionCount == 0 && (timeoutMs != 0 || completionPortEntries != NULL ||
                                   receivedEntryCount != NULL)) ||
         (completionCount != 0 && (completionPortEntries == NULL ||
                                   receivedEntryCount == NULL)))
         return ERROR_INVALID_PARAMETER;
+    if (registrationCount != 0 && completionCount != 0) {
+        uintptr_t regs = (uintptr_t)registrationInfos;
+        uintptr_t regs_end = regs + (uintptr_t)registrationCount * sizeof *registrationInfos;
+        uintptr_t entries = (uintptr_t)completionPortEntries;
+        uintptr_t entries_end = entries + (uintptr_t)completionCount * sizeof *completionPortEntries;
+        if (regs < entries_end && entries < regs_end)
+            return ERROR_INVALID_PARAMETER;
+    }
     return 0;
 }
 
@@ -129,11 +139,13 @@ static inline DWORD sn_psn_check_arguments(SN_PSN_PARAMETERS) {
 
 /* The polyfill's entry points (sn_afd*.c) are declared in sn_afd.h. */
 
-/* The strict model (sn_model.c): ProcessSocketNotifications on the
-   polyfill, with the documented rules enforced. sn_model_port_closed():
+#ifdef SN_TESTING
+/* The strict model (sn_model.c, test builds only): ProcessSocketNotifications
+   on the polyfill, with the documented rules enforced. sn_model_port_closed():
    call before sn_afd_port_closed() when such a port closes. */
 DWORD WINAPI sn_model_process_socket_notifications(SN_PSN_PARAMETERS);
 void sn_model_port_closed(HANDLE port);
+#endif
 
 #endif /* _WIN32 */
 #endif /* SN_WIN_H */

@@ -2,18 +2,22 @@
  * socknotify.h -- the one C interface of the notification port.
  *
  * This header is the only thing cffi's cdef sees (socknotify_loop/_build.py
- * reads it, strips the preprocessor lines and feeds the rest to ffi.cdef), so
- * it must stay inside the C subset cffi parses: no macros with arguments, no
- * #if blocks between the CDEF markers, plain integer types only.
+ * reads what lies between its CDEF markers and feeds it to ffi.cdef; a test
+ * build adds what lies between the CDEF-TESTING markers), so it must stay
+ * inside the C subset cffi parses: no macros with arguments, no #if blocks
+ * between the markers, plain integer types only.
  *
  * A port is the Winsock "socket state notifications" model made portable:
  * registrations (socket, key, event filter, op, trigger flags) are applied and
  * notifications are dequeued in ONE call, sn_port_process(), exactly like
- * ProcessSocketNotifications. Three backends implement it:
+ * ProcessSocketNotifications. Three backends implement it in every build,
+ * and a fourth in a test build (SN_TESTING, below):
  *   epoll  (sn_epoll.c)  Linux
  *   psn    (sn_iocp.c)   Windows 11 / Server 2022: the OS's own function
  *   afd    (sn_iocp.c + sn_afd.c) Windows 10, Server 2019, Wine: the same
  *                        port code calling a polyfill built on IOCTL_AFD_POLL
+ *   strict (sn_iocp.c + sn_model.c) Windows, test builds only: the same port
+ *                        code on the strict model of the documented rules
  *
  * Keys: the caller's 64-bit key travels with every notification, but the
  * kernel never sees it. The kernel sees a private key made of a record number and
@@ -61,10 +65,6 @@
 #define SN_BACKEND_EPOLL  1
 #define SN_BACKEND_PSN    2
 #define SN_BACKEND_AFD    3
-/* Windows, tests only, never chosen by SN_BACKEND_AUTO: the strict model
-   of ProcessSocketNotifications (sn_model.c) on the polyfill, enforcing
-   the documented rules the polyfill forgives. */
-#define SN_BACKEND_STRICT 4
 
 /* Capabilities of a backend (sn_backend_caps). */
 /* Each registration change costs a system call of its own, whenever it is
@@ -94,8 +94,8 @@
 #define SN_SELECT_READ   1
 #define SN_SELECT_WRITE  2
 
-/* Kernel-call counters (sn_port_counters), by index. Always on: one
-   relaxed atomic increment per call. */
+/* Kernel-call counters (sn_port_counters), by index, and one count of
+   faults. Always on: one relaxed atomic increment per call. */
 #define SN_COUNT_WAITS        0  /* epoll_wait / ProcessSocketNotifications (psn, afd: the
                                     function the port code calls) */
 #define SN_COUNT_CHANGES      1  /* epoll_ctl */
@@ -107,7 +107,10 @@
 #define SN_COUNT_AFD_POSTS    7  /* PostQueuedCompletionStatus inside the polyfill (afd) */
 #define SN_COUNT_FALLBACKS    8  /* registrations the OS function refused and the polyfill
                                     took over on the same port (psn, strict) */
-#define SN_COUNTERS           9
+#define SN_COUNT_REFUSED      9  /* not a kernel call: transitions of the port's records
+                                    refused as starting from a wrong state (a fault of the
+                                    core's own, answered with an error; sn_record.h) */
+#define SN_COUNTERS          10
 
 /* Error code for a backend that was asked for but is not available here
    (ENOSYS on POSIX, ERROR_NOT_SUPPORTED on Windows, see sn_internal.h). */
@@ -172,8 +175,10 @@ sn_port_t *sn_port_open(int backend, int *error);
    polls) for notifications and store at most
    max_notifications of them. *received is the number stored (0 on timeout).
    Returns 0, or an error code when the wait itself failed; the registration
-   results are valid in both cases. If a caller's ENABLE failed, the call
-   does not block (its failure is news the caller must hear now).
+   results are valid in both cases. If a caller's change failed, the call
+   does not block (its failure is news the caller must hear now), unless
+   it was a REMOVE with SN_PROCESS_QUIET_REMOVE: that caller asked to hear
+   nothing of the removal.
    Safe to call from several threads at once on one port. Stale
    notifications are dropped and the wait resumes with the remaining time.
    A waiter woken by sn_port_close() returns 0 with what it has. */
@@ -283,7 +288,8 @@ void sn_port_free(sn_port_t *port);
 /* The bare function of a Windows backend, for the OS probe
    (python -m socknotify_loop --probe-os): no table, no keys of ours, the
    caller's keys go to the function as they are. sn_raw_open() makes a
-   completion port for `backend` (SN_BACKEND_PSN, _AFD or _STRICT);
+   completion port for `backend` (SN_BACKEND_PSN or _AFD; _STRICT in a
+   test build);
    sn_raw_process() calls that backend's ProcessSocketNotifications-shaped
    function once (max_notifications 0: register only, no wait) and returns
    its DWORD (0, 258 for a timeout, or an error); sn_raw_close() releases
@@ -297,5 +303,89 @@ int sn_raw_process(int backend, uint64_t handle, sn_registration_t *registration
 int sn_raw_close(int backend, uint64_t handle);
 
 /* CDEF-END */
+
+#ifdef SN_TESTING
+/*
+ * What a TEST build of the core adds (SN_TESTING defined when the core is
+ * compiled: socknotify_loop/_build.py does so for SOCKNOTIFY_TESTING=1 in
+ * the build's environment, and cffi then reads the declarations between
+ * the CDEF-TESTING markers too). A production build -- the wheels, `pip
+ * install .` -- compiles none of it: no strict model, no controls.
+ */
+/* CDEF-TESTING-BEGIN */
+
+/* Windows, tests only, never chosen by SN_BACKEND_AUTO: the strict model
+   of ProcessSocketNotifications (sn_model.c) on the polyfill, enforcing
+   the documented rules the polyfill forgives. */
+#define SN_BACKEND_STRICT 4
+
+/* The strict model's controls, for tests (sn_model_control; the port
+   must be a "strict" one, else -sn_error_not_supported()). */
+#define SN_MODEL_REFUSE      1  /* value 1: refuse ENABLEs of `socket` as for a layered
+                                   provider (WSAEOPNOTSUPP); 0: accept it again */
+#define SN_MODEL_FAIL_CALLS  2  /* the port's next `value` calls fail whole, applying nothing */
+#define SN_MODEL_TIED        3  /* which port `socket` is tied to: SN_MODEL_UNTIED,
+                                   _TIED_HERE, _TIED_REMOVING (REMOVE applied, its event
+                                   not yet dequeued), _TIED_ELSEWHERE */
+#define SN_MODEL_KEY         4  /* the completion key the model delivers for `socket` */
+#define SN_MODEL_MODES       5  /* the port's modes become `value` (SN_MODEL_MODE_* flags);
+                                   answers the modes before. A port starts with the modes
+                                   in the environment variable SOCKNOTIFY_STRICT_MODES (a
+                                   number, or "harshest") */
+#define SN_MODEL_HOLD        6  /* value 1: the port's next call that carries an ENABLE
+                                   waits, before it applies anything, until released;
+                                   value 3: the same for a call that carries a REMOVE;
+                                   value 2 asks whether a call waits (1); value 4
+                                   releases the call that waits, value 0 releases it and
+                                   cancels a hold set for a later call */
+#define SN_MODEL_QUEUE       7  /* queue a notification with events `value` under
+                                   `socket`'s key now, before whatever comes next */
+#define SN_MODEL_HIDE_STATE  8  /* value 1: the port's reading of what `socket` is finds
+                                   getsockopt(SO_BSP_STATE) failing (its type alone
+                                   known), as Windows may answer; 0: answering again */
+/* The model's modes (docs/strict-model.md gives each one's sentence of
+   Microsoft's documentation). */
+#define SN_MODEL_MODE_BAD_HANDLE_FAILS_CALL  0x01  /* a handle that is no socket fails the
+                                                      whole call, applying nothing */
+#define SN_MODEL_MODE_PLAIN_WAIT             0x02  /* the wait is a plain
+                                                      GetQueuedCompletionStatusEx: other
+                                                      packets (the polyfill's) reach the port
+                                                      as they are */
+#define SN_MODEL_MODE_ERROR_TIMEOUT          0x04  /* a wait that times out returns
+                                                      ERROR_TIMEOUT (1460), not WAIT_TIMEOUT */
+#define SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER  0x08  /* DISABLE without LEVEL or EDGE refused */
+#define SN_MODEL_MODE_STALE_AFTER_CLOSE      0x10  /* a registration ended by closesocket()
+                                                      leaves a notification queued under its
+                                                      key */
+#define SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED  0x20  /* ENABLE of a registration that is
+                                                      armed (enabled, not disabled, its
+                                                      one-shot not delivered) refused */
+#define SN_MODEL_MODE_TIES_SOCKET            0x40  /* a socket's first ENABLE associates
+                                                      its handle with the port for good, as
+                                                      CreateIoCompletionPort does: a handle
+                                                      associated with another port already
+                                                      is refused */
+#define SN_MODEL_MODE_REMOVE_ANY_PORT        0x80  /* a REMOVE or DISABLE naming a socket
+                                                      another port holds acts on that
+                                                      registration (its REMOVE event goes
+                                                      to that port) */
+#define SN_MODEL_MODE_QUEUED_BEFORE_MODIFY   0x100  /* an ENABLE of an armed registration
+                                                      whose socket is ready leaves the
+                                                      notification of the filter it replaces
+                                                      queued */
+#define SN_MODEL_MODE_ENABLE_OVERWRITES      0x200  /* an ENABLE of a socket another port
+                                                      holds takes the registration over
+                                                      (the other port hears nothing more)
+                                                      instead of being refused */
+#define SN_MODEL_MODES_HARSHEST              0x3FF
+#define SN_MODEL_UNTIED          0
+#define SN_MODEL_TIED_HERE       1
+#define SN_MODEL_TIED_REMOVING   2
+#define SN_MODEL_TIED_ELSEWHERE  3
+/* Returns the answer (>= 0) or minus an error code. */
+int64_t sn_model_control(sn_port_t *port, int what, uint64_t socket, int64_t value);
+
+/* CDEF-TESTING-END */
+#endif /* SN_TESTING */
 
 #endif /* SOCKNOTIFY_H */

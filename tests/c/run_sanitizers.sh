@@ -18,7 +18,9 @@ core="$root/socknotify_loop/_core"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 checked="-DSN_CHECK_TRANSITIONS"
-flags="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -Wall -Wextra -Werror $checked"
+# The C drivers link a test build of the core (SN_TESTING), as the
+# extension below is one.
+flags="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -Wall -Wextra -Werror $checked -DSN_TESTING"
 
 # Every C file of the core, found rather than listed (the Windows files
 # compile to nothing here), as the extension links them.
@@ -36,7 +38,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
 # and selects, and one port per thread in many threads at once (what one
 # event loop per thread does on a free-threaded Python), must show no
 # data race.
-gcc -g -O1 -fno-omit-frame-pointer -fsanitize=thread -Wall -Wextra -Werror $checked -I"$core" \
+gcc -g -O1 -fno-omit-frame-pointer -fsanitize=thread -Wall -Wextra -Werror $checked -DSN_TESTING -I"$core" \
     "$here/test_core_posix.c" "${core_sources[@]}" -lpthread -o "$out/test_core_posix_tsan"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tsan.supp" "$out/test_core_posix_tsan"
 
@@ -45,7 +47,9 @@ build="$out/pkg"
 mkdir -p "$build"
 cp -r "$root/socknotify_loop" "$build/"
 rm -f "$build"/socknotify_loop/_socknotify*.so
-(cd "$build" && CFLAGS="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $checked" \
+# A test build (SOCKNOTIFY_TESTING=1: the core's test-only parts and
+# declarations), as CI's Wine envs build theirs.
+(cd "$build" && SOCKNOTIFY_TESTING=1 CFLAGS="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $checked" \
     LDFLAGS="-fsanitize=address,undefined" \
     python -c "import sys; sys.path.insert(0, 'socknotify_loop'); import _build; _build.ffibuilder.compile(tmpdir='.', verbose=False)" >/dev/null)
 libasan=$(gcc -print-file-name=libasan.so)

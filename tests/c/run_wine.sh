@@ -26,8 +26,10 @@ mkdir -p "$out"
 [ -n "${OUT_DIR:-}" ] || trap 'rm -rf "$out"' EXIT
 
 # No -DNDEBUG: the asserts on the AFD polyfill's state transitions stay on
-# in this build (test_afd_polyfill.c refuses to compile otherwise).
-flags="-Wall -Wextra -Werror -O2"
+# in this build (test_afd_polyfill.c refuses to compile otherwise). A test
+# build of the core (-DSN_TESTING: the strict model, which the programs
+# drive), as socknotify_loop/_build.py makes for SOCKNOTIFY_TESTING=1.
+flags="-Wall -Wextra -Werror -O2 -DSN_TESTING"
 # Every C file of the core, found rather than listed (a file added to the
 # core is checked too), warnings as errors: the CI's Windows compile check.
 # The test program links all of them, as the extension does; the files for
@@ -40,8 +42,10 @@ done
 # Portability of the Windows C: ISO C11 with no GNU extension and no VLA
 # (the dialect MSVC compiles with /std:c11, as socknotify_loop/_build.py
 # asks for it), every file, no warning.
+# Both kinds of build: production (the wheel's) and test (SN_TESTING).
 for src in "$core"/*.c; do
     "$cc" -std=c11 -pedantic -Wall -Wextra -Wvla -Werror -fsyntax-only "$src"
+    "$cc" -std=c11 -pedantic -Wall -Wextra -Wvla -Werror -fsyntax-only -DSN_TESTING "$src"
 done
 # A 32-bit Windows build must stop with the core's own message: its keys
 # are 64-bit and PVOID/ULONG_PTR are 32-bit there (sn_win.h).

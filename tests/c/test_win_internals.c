@@ -42,7 +42,10 @@
 #include "sn_win.h"
 #include "sn_afd.h"
 #include "sn_afd_ws.h"
-#include "sn_testing.h"
+
+#ifndef SN_TESTING
+#  error "build this test with -DSN_TESTING: it drives the strict model of a test build"
+#endif
 
 #include "check.h"
 #include "win_sockets.h"

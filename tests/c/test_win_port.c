@@ -24,8 +24,13 @@
 
 #include "sn_internal.h"
 #include "sn_win.h"
+#include "sn_afd.h"
 
 #define RUN_WIDTH 40
+#ifndef SN_TESTING
+#  error "build this test with -DSN_TESTING: it drives the strict model of a test build"
+#endif
+
 #include "check.h"
 #include "win_sockets.h"
 
@@ -68,10 +73,12 @@ static sn_port_t *open_strict(void) {
 #define GUARD_KEY 0x5a5a5a5a5a5a5a5aull
 
 /* READY readable sockets, registered persistent level under keys 100.., and
-   a socket `x`, registered under key 1, then closed and given a new key: its
-   REMOVE fails (closesocket ended the registration), the new ENABLE waits
-   for the next call and fails there. That call's answer holds the failure
-   and up to READY readiness entries. */
+   a socket `x`, registered under key 1, then given a new key in a call
+   that only registers: a quiet REMOVE goes to the kernel, and the new
+   ENABLE waits in the record for its REMOVE event. Then `x` is closed: the
+   call that dequeues the event sends the ENABLE that waited, which fails
+   (no socket). A later call's answer holds that failure and up to READY
+   readiness entries. */
 static void answer_setup(sn_port_t *port, SOCKET *a, SOCKET *b) {
     sn_registration_t regs[READY + 1];
     sn_notification_t notes[READY + 1];
@@ -89,13 +96,12 @@ static void answer_setup(sn_port_t *port, SOCKET *a, SOCKET *b) {
     CHECK_EQ(sn_port_process(port, 0, regs, READY + 1, 0, notes, READY + 1, &got), 0);
     for (i = 0; i <= READY; i++)
         CHECK_EQ(regs[i].result, 0);
+    /* A new key: a quiet REMOVE, and an ENABLE that waits for its event. */
+    regs[0] = reg(x, 2, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
+    CHECK_EQ(sn_port_process(port, 0, regs, 1, 0, notes, 0, &got), 0);
+    CHECK_EQ(regs[0].result, 0);
     closesocket(x);
     closesocket(xpeer);
-    /* The same handle value under a new key: a quiet REMOVE (which fails:
-       the socket is gone) and an ENABLE that waits for the next call. */
-    regs[0] = reg(x, 2, SN_EVENT_IN, SN_OP_ENABLE, PERSIST);
-    CHECK_EQ(sn_port_process(port, 0, regs, 1, 0, notes, READY + 1, &got), 0);
-    CHECK_EQ(regs[0].result, 0);
 }
 
 static void answer_teardown(sn_port_t *port, SOCKET *a, SOCKET *b) {
@@ -176,6 +182,96 @@ static void test_select_answer_bounded(void) {
     answer_teardown(port, a, b);
 }
 
+/* ----------------------------------------------- the model's own ground */
+
+/* Every key the entries of a 300 ms collection carry with `events`, as a
+   bit mask of keys 1..31, from a bare function on `iocp`; the polyfill's
+   packets among them translated as the port translates them. */
+static uint32_t keys_heard(sn_process_socket_notifications_fn fn, HANDLE iocp,
+                           UINT32 events) {
+    OVERLAPPED_ENTRY entries[16];
+    uint32_t heard = 0;
+    DWORD start = GetTickCount();
+    while (GetTickCount() - start < 300) {
+        UINT32 got = 0, i;
+        if (fn(iocp, 0, NULL, 50, 16, entries, &got) != ERROR_SUCCESS)
+            continue;
+        got = (UINT32)sn_afd_translate(iocp, entries, got);
+        for (i = 0; i < got; i++)
+            if (entries[i].lpCompletionKey < 32 &&
+                (entries[i].dwNumberOfBytesTransferred & events))
+                heard |= 1u << entries[i].lpCompletionKey;
+    }
+    return heard;
+}
+
+/* The model's registration of a socket and the polyfill's (what the port's
+   fallback makes when the model refuses) are two, as the OS's and the
+   polyfill's would be on Windows: each delivers under its own key. (They
+   shared one AFD state: the second overwrote the first, and a port that
+   kept both by mistake was never seen doing so.) */
+static void test_model_registrations_apart_from_the_polyfill(void) {
+    HANDLE iocp = CreateIoCompletionPort(INVALID_HANDLE_VALUE, NULL, 0, 0);
+    SOCK_NOTIFY_REGISTRATION r;
+    SOCKET a, b;
+    uint32_t heard;
+    make_nonblocking_pair(&a, &b);
+    memset(&r, 0, sizeof r);
+    r.socket = a;
+    r.completionKey = (PVOID)1;
+    r.eventFilter = SOCK_NOTIFY_REGISTER_EVENT_IN;
+    r.operation = SOCK_NOTIFY_OP_ENABLE;
+    r.triggerFlags = SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_PERSISTENT;
+    CHECK_EQ(sn_model_process_socket_notifications(iocp, 1, &r, 0, 0, NULL, NULL), 0);
+    CHECK_EQ(r.registrationResult, 0);
+    r.completionKey = (PVOID)2;
+    r.registrationResult = 0;
+    CHECK_EQ(sn_afd_process_socket_notifications(iocp, 1, &r, 0, 0, NULL, NULL), 0);
+    CHECK_EQ(r.registrationResult, 0);
+    send(b, "x", 1, 0);
+    /* The model's wait hands the polyfill's packets on untranslated (they
+       are not its own), as the OS's would: the port translates them. */
+    heard = keys_heard(sn_model_process_socket_notifications, iocp, SOCK_NOTIFY_EVENT_IN);
+    CHECK_EQ(heard, (1u << 1) | (1u << 2));
+    sn_model_port_closed(iocp);
+    sn_afd_port_closed(iocp);
+    CloseHandle(iocp);
+    closesocket(a);
+    closesocket(b);
+}
+
+/* The reference page's argument rules, in the polyfill and the model
+   alike: "If registrationCount is 0, this parameter must be NULL", and
+   the registrations and the entries are two buffers that do not overlap. */
+static void test_argument_rules(void) {
+    HANDLE iocp = CreateIoCompletionPort(INVALID_HANDLE_VALUE, NULL, 0, 0);
+    union {
+        SOCK_NOTIFY_REGISTRATION regs[4];
+        OVERLAPPED_ENTRY entries[4];
+    } shared;
+    SOCK_NOTIFY_REGISTRATION one;
+    OVERLAPPED_ENTRY entries[4];
+    UINT32 got = 0;
+    sn_process_socket_notifications_fn fns[2] = {
+        sn_afd_process_socket_notifications, sn_model_process_socket_notifications,
+    };
+    int i;
+    memset(&shared, 0, sizeof shared);
+    memset(&one, 0, sizeof one);
+    for (i = 0; i < 2; i++) {
+        CHECK_EQ(fns[i](iocp, 0, &one, 0, 4, entries, &got), ERROR_INVALID_PARAMETER);
+        CHECK_EQ(fns[i](iocp, 2, shared.regs, 0, 2, shared.entries, &got),
+                 ERROR_INVALID_PARAMETER);
+        CHECK_EQ(fns[i](iocp, 1, &shared.regs[2], 0, 2, shared.entries, &got),
+                 ERROR_INVALID_PARAMETER);
+        /* Apart, they are fine (an OP_NONE, and a poll). */
+        CHECK(fns[i](iocp, 1, &one, 0, 4, entries, &got) == WAIT_TIMEOUT);
+    }
+    sn_model_port_closed(iocp);
+    sn_afd_port_closed(iocp);
+    CloseHandle(iocp);
+}
+
 int main(void) {
     WSADATA wsa;
     char why[200];
@@ -190,6 +286,8 @@ int main(void) {
     setup_listener(64);
     RUN(test_process_answer_bounded);
     RUN(test_select_answer_bounded);
+    RUN(test_model_registrations_apart_from_the_polyfill);
+    RUN(test_argument_rules);
     closesocket(listener);
     WSACleanup();
     printf("%d checks, %d failed\n", checks, failures);

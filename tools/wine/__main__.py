@@ -14,9 +14,10 @@ From the repository root:
 the selector, loop and every suite that takes the default backend run on
 it: ``--backend strict`` is the strict model of ProcessSocketNotifications.
 
-test and all build (or reuse) a test wheel: the core's cdef with the
-test-only declarations of sn_testing.h (SOCKNOTIFY_TESTING=1), which the
-tests of the strict model need; ``wheel`` builds the production one.
+test and all build (or reuse) a test wheel: the core compiled with its
+test-only parts, the strict model among them, and their declarations
+(SOCKNOTIFY_TESTING=1), which the tests of the strict model need; ``wheel``
+builds the production one, which has none of them.
 
 ``--check-transitions`` (test, all) builds the wheel afresh with every
 record transition of the C core checked (SN_CHECK_TRANSITIONS, sn_record.h):
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
     # work (host.py).
     ensure_host_packages()
     if options.command in ("test", "all"):
-        # The tests steer the strict model: a test build (sn_testing.h).
+        # The tests steer the strict model: a test build (SN_TESTING).
         os.environ[TESTING] = "1"
     if options.command == "setup":
         setup(version)

@@ -45,8 +45,12 @@ def compile_extension(version: str, workdir: str) -> str:
     # transition checked (sn_record.h), a refused one aborting the process
     # with its name and line, as the Linux sanitizer run builds the core.
     checked = os.environ.get(CHECK_TRANSITIONS) == "1"
+    # A test build (SOCKNOTIFY_TESTING=1) compiles the strict model in; the
+    # builder says with which definitions, as it does for pip's builds.
+    testing = builder_module.testing_requested()
     cmd = [MINGW_CC, "-O2", "-shared", "-Wall", "-Werror",
            *(["-DSN_CHECK_TRANSITIONS"] if checked else []),
+           *[f"-D{name}={value}" for name, value in builder_module.core_macros(testing)],
            "-Wno-unused-parameter",  # in cffi's generated module, not ours
            # cffi's generated code defines Py_LIMITED_API itself (abi3).
            *([] if knows_mingw else ["-DMS_WIN64"]),
@@ -56,8 +60,11 @@ def compile_extension(version: str, workdir: str) -> str:
            "-L", pydir, "-lpython3", *libs,
            "-static-libgcc"]
     run(cmd)
-    if checked:
-        with open(pyd, "rb") as f:
-            if b"record transition" not in f.read():
-                raise SystemExit("the core was built without its transition checks")
+    with open(pyd, "rb") as f:
+        binary = f.read()
+    if checked and b"record transition" not in binary:
+        raise SystemExit("the core was built without its transition checks")
+    # A production build carries no test code: no model, no controls.
+    if not testing and (b"sn_model_control" in binary or b"SOCKNOTIFY_STRICT_MODES" in binary):
+        raise SystemExit("the production core carries the strict model")
     return pyd

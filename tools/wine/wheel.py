@@ -126,8 +126,8 @@ def build_wheel(version: str) -> str:
     name = os.path.basename(dist_info)
     if name != f"{wheel_stem()}.dist-info":
         raise SystemExit(f"the build backend made {name}, not {wheel_stem()}.dist-info")
-    # A test build (SOCKNOTIFY_TESTING=1: the strict model's controls in
-    # the cdef) says so in its WHEEL file, where is_test_wheel() reads it.
+    # A test build (SOCKNOTIFY_TESTING=1: the strict model and its controls
+    # compiled in) says so in its WHEEL file, where is_test_wheel() reads it.
     testing = os.environ.get("SOCKNOTIFY_TESTING") == "1"
     files[f"{name}/WHEEL"] = (
         "Wheel-Version: 1.0\n"
