@@ -221,6 +221,10 @@ _new_record = tuple.__new__
 _Held = tuple[int, int]
 _RESEND = -1
 
+#: Not a descriptor: in the dirty set, a reconcile not yet written down
+#: (its changes to be computed again).
+_UNSETTLED = -1
+
 
 class _SelectorMapping(Mapping[Any, SelectorKey]):
     """The read-only view returned by :meth:`NotifySelector.get_map`."""
@@ -520,18 +524,19 @@ class NotifySelector(selectors.BaseSelector):
                 # CPython's words for a number its poller cannot take
                 # (epoll's and select()'s descriptors are C ints).
                 raise OverflowError("Python int too large to convert to C int")
+            if not at_once:
+                code = self._port.probe(fd)
+                if code:
+                    raise self._port.change_error(code)
+            # Marked first: a cut anywhere after it leaves the next
+            # reconcile to make the port agree with what is recorded here.
+            self._dirty.add(fd)
             if at_once:
                 tag = self._next_tag
                 self._next_tag = tag + 1
             else:
-                code = self._port.probe(fd)
-                if code:
-                    raise self._port.change_error(code)
                 tag = self._tag_for(fd)
             key = SelectorKey(fileobj, fd, events, data)
-            # Marked first: a cut anywhere after it leaves the next
-            # reconcile to make the port agree with what is recorded here.
-            self._dirty.add(fd)
             # Recorded before the port hears of it: on epoll the item is in
             # the kernel as soon as the call returns, and a select running
             # in another thread may report it at once.
@@ -706,6 +711,10 @@ class NotifySelector(selectors.BaseSelector):
             # What a flush cut short left taken goes with this one.
             self._dirty |= taken
             taken.clear()
+            # The fresh set starts marked, so that the selector's users see
+            # a reconcile to make until this one is written down (a select
+            # that failed as a whole, or a cut, leaves it there).
+            taken.add(_UNSETTLED)
             self._woken = False
             # One step: the sets trade places (no call between the stores).
             self._taken, self._dirty, self._view.pending = self._dirty, taken, taken
@@ -716,8 +725,8 @@ class NotifySelector(selectors.BaseSelector):
             else:
                 sent = self._pack_taken()
                 count = len(sent)
-                if not count:
-                    self._taken.clear()
+            if not count:
+                self._settled()
         got: int = self._select_now(self._port_address, count, ms)
         if got >= 0 and count:
             # The call took the batch (one that failed as a whole answers
@@ -730,8 +739,14 @@ class NotifySelector(selectors.BaseSelector):
                         held.pop(fd, None)
                     else:
                         held[fd] = state
-                self._taken.clear()
+                self._settled()
         return got
+
+    def _settled(self) -> None:
+        """The taken descriptors' changes are made and written down
+        (``_lock`` held)."""
+        self._taken.clear()
+        self._dirty.discard(_UNSETTLED)
 
     def _pack_taken(self) -> list[tuple[int, _Held | None]]:
         """The taken descriptors' changes into the bound buffer
@@ -774,7 +789,6 @@ class NotifySelector(selectors.BaseSelector):
             if code and self._records.get(fd) is record:
                 del self._records[fd]
                 self._keys.pop(tag, None)
-        self._taken.clear()
 
     # -- the answer ---------------------------------------------------------------------
 

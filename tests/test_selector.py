@@ -633,6 +633,23 @@ def _change_of_a(selector, a, operation_name):
         selector.register(a, READ, "a")
         selector.select(0)
         return lambda: selector.unregister(a)
+    if operation_name == "select":
+        # A select that carries the registration's change (on the
+        # completion ports; on epoll it was made at once) and one's undoing.
+        other, peer = socket.socketpair()
+        selector.register(other, READ, "other")
+        selector.select(0)
+        selector.unregister(other)
+        selector.register(a, WRITE, "a")
+        selector.modify(a, READ, "a")
+
+        def select_and_close():
+            try:
+                selector.select(0)
+            finally:
+                other.close()
+                peer.close()
+        return select_and_close
     selector.register(a, WRITE, "a")
     selector.select(0)
     return lambda: selector.modify(a, READ, "a")
@@ -682,13 +699,14 @@ def _change_interrupted_everywhere(make_selector, filenames, operation_name):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("operation", ["register", "unregister", "modify"])
+@pytest.mark.parametrize("operation", ["register", "unregister", "modify", "select"])
 def test_a_change_interrupted_anywhere_misdirects_nothing(backend, operation):
     """An exception landing at any bytecode of register()/unregister()/
     modify() (a signal handler's, KeyboardInterrupt), before or after the
-    change reached the port: Python's record and the port's agree by the
-    next select, or the difference is harmless; no readiness is ever
-    reported under another registration's key."""
+    change reached the port, or of a select() that carries changes (cut
+    before, while or after it reconciles): Python's record and the port's
+    agree by the next select, or the difference is harmless; no readiness
+    is ever reported under another registration's key."""
     import socknotify_loop.selector as selector_module
     landed = _change_interrupted_everywhere(
         lambda: NotifySelector(backend), (selector_module.__file__, port_module.__file__),
