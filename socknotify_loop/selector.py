@@ -1,83 +1,30 @@
 """NotifySelector: a :mod:`selectors` selector on one notification port.
 
-What the selector keeps, per descriptor: its registration as the user
-wants it (the :class:`selectors.SelectorKey` and the registration's tag),
-what the port holds of it, and whether the two may differ (the *dirty*
-set). ``register``, ``modify`` and ``unregister`` change what is wanted and
-mark the descriptor; they never write down what the port holds. The
-changes the port needs are computed from the two states, at most one per
-descriptor, by whoever holds the select token, right before a wait
-(``_flush``). So the port's view is *reconciled* with Python's, never
-replayed from a log of changes: whatever cut a change short (an exception
-a signal handler raises between two bytecodes, KeyboardInterrupt), its
-descriptor stays marked, and the next reconcile computes the change from
-the states as they are then. That is how wepoll (``sock_update``, flushed
-by ``port__update_events``), mio (its ``update_queue``) and trio
-(``_refresh_afd``) keep a socket's registration, and what
-``selectors._PollLikeSelector`` does with epoll's own state.
+Per descriptor the selector keeps what the user *wants* (the
+:class:`selectors.SelectorKey` and the registration's tag) and what the
+port *holds*, and a *dirty* set of the descriptors where the two may
+differ. ``register``, ``modify`` and ``unregister`` mark the descriptor
+and change what is wanted; right before a wait, whoever holds the select
+token swaps the dirty set out and turns each descriptor into at most one
+change computed from the two states (``_flush``). Nothing is replayed
+from a log: a change cut short by an exception (a signal handler's,
+KeyboardInterrupt) leaves its descriptor marked, and the next reconcile
+recomputes it, as wepoll (``sock_update``), mio (``update_queue``) and
+trio (``_refresh_afd``) keep a socket's registration.
 
-Where the change goes. On the completion-port backends the Winsock model
-applies changes and waits in ONE kernel call
-(``ProcessSocketNotifications``): the reconcile packs the changes into the
-buffer bound to the port and the select call carries them; what the port
-holds is written down once that call has taken them. On epoll every
-change is a system call of its own wherever it is made, so a change is
-applied at once and reported where ``selectors.EpollSelector`` reports it
-(a regular file: ``PermissionError`` at ``register()``); the port then
-holds what is wanted, except for a descriptor a cut left marked, which the
-next reconcile sets to what is wanted.
-
-Why re-arms need nothing here: registrations are one-shot and
-level-triggered, and the C core re-enables what it delivered at the start
-of the next select, inside the same kernel call that waits. A selector
-user (asyncio) expects level semantics, and gets them without a change
-crossing the FFI.
-
-Why a tag per registration: the port answers with the caller's key of a
-registration (``sn_record_t.user_key``). Each registration takes a tag, a
-number this selector never hands out for another registration, and the
-answer comes back as ``(tag, mask)``: one dict lookup gives the
-:class:`selectors.SelectorKey`, and an answer reaches the registration it
-was made for or none, whatever a signal handler, another thread or an
-exception did between the wait's return and the reading of the answer.
-The one continuation on purpose: on the completion-port backends a
-``register`` of a descriptor whose previous registration the port still
-holds (an ``unregister`` and a ``register`` between two selects, what
-asyncio's ``sock_recv`` does) continues that registration under its tag,
-since Windows keeps a socket's first completion key until its REMOVE event.
-
-The answer. One cffi call waits: the port writes ``(tag, selector mask)``
-pairs into a buffer bound to it once (one pair travels in the call's
-return value instead), the mask computed in C as
-``selectors.EpollSelector`` computes it and limited to what the
-registration asked for. :class:`LoopView` is the loop's window onto all
-this; ``LoopView.answer`` is the one decoder of the call's answer.
-
-A change refused by the kernel at select time (on the completion-port
-backends: a socket closed between ``register()`` and the next
-``select()``) never leaves the wait blocked: it is reported once as ready
-for the key's events, like ``EPOLLERR``, so its owner's callback meets the
-error in ``recv``/``send``.
-
-Threads: as with ``selectors.EpollSelector``, ``register``, ``modify`` and
-``unregister`` may be called from any thread while one thread is inside
-``select``, and reach it: on epoll the kernel applies them to the waiting
-call; on the completion-port backends a change made while another thread
-holds the select token wakes that thread's wait (a packet posted to the
-port), which reconciles and waits again for the time left. The state is
-guarded by a lock. The select token (a dict entry holding the ident of the
-thread that has it) is held by a select from its reconcile to the reading
-of its answer, so a select refused because another thread is selecting
-has touched nothing. A loop holds it for a whole run instead
-(:meth:`NotifySelector.begin_run`, taken after asyncio's own "already
-running" check); the thread running the loop may still call ``select()``
-(debug mode does), any other raises RuntimeError.
-
-Overlapped I/O completions (Windows only: handles associated with the
-port, see :mod:`socknotify_loop._windows_io`) come out of the same call.
-The selector does not interpret them: it hands their keys (OVERLAPPED
-addresses) to :attr:`NotifySelector.io_completion_handler`, which the
-Windows loop's proactor installs.
+On the completion-port backends the changes ride in the one call that
+waits (``ProcessSocketNotifications`` applies, then dequeues), and what
+the port holds is written down once that call took them; a change from a
+thread that does not hold the select token wakes the waiting thread,
+which reconciles and waits again. On epoll every change is a system call
+of its own wherever it is made, so it is applied at once, reported where
+``selectors.EpollSelector`` reports it, and reaches a waiting
+``epoll_wait`` there. The C core re-arms the one-shot registrations it
+delivered inside the call that waits. The port answers with ``(tag,
+mask)`` pairs, a tag naming one registration for good, so an answer
+reaches the registration it was made for or none. docs/design.md ("A
+registration's life") has the whole story and a drawing of what each
+layer owns.
 """
 from __future__ import annotations
 
@@ -117,22 +64,18 @@ _ONESHOT_LEVEL = TRIGGER_ONESHOT | TRIGGER_LEVEL
 
 #: A key for ``selector.port.post(WAKEUP_KEY)``: it makes a waiting
 #: select() return (with ``[]`` if nothing else is ready). Any posted key
-#: does: a posted packet travels under the port's own reserved completion
-#: key with this one beside it, so it can equal any other key
-#: (``socknotify_loop/_core/sn_keys.h`` lists the reserved ones). This one
-#: is kept for wake-ups.
+#: would (a posted packet travels under a reserved completion key of the
+#: port's, ``_core/sn_keys.h``); this one is kept for wake-ups.
 WAKEUP_KEY = 0
 
 #: What :attr:`NotifySelector.io_completion_handler` is called with: the
 #: OVERLAPPED addresses of the overlapped I/O completions one wait dequeued.
 IOCompletionHandler = Callable[[list[int]], None]
 
-# Port event filter for each selector mask. HANGUP goes with READ: a
-# reader meets EOF when the peer hangs up. A write-only registration does
-# not ask for it: a peer's half-close does not make a full send buffer
-# writable. modify() accepts any events value, as EpollSelector's does:
-# only these two bits are watched (0 watches nothing: the registration is
-# disabled).
+# Port event filter for each selector mask. HANGUP goes with READ (a
+# reader meets EOF), not with WRITE alone (a peer's half-close does not
+# make a full send buffer writable). Only these two bits are watched;
+# none watched: the registration is disabled.
 _FILTER_OF_MASK = {
     EVENT_READ: EVENT_IN | EVENT_HANGUP,
     EVENT_WRITE: EVENT_OUT,
@@ -144,11 +87,10 @@ _WATCHED = EVENT_READ | EVENT_WRITE
 _MAX_EPOLL_FD = 0x7FFFFFFF
 
 # The select call's answer (Port.select_function): minus an error code;
-# or one pair carried in the value itself, when its low two bits (the
-# mask) are not 0: tag ``answer >> TAG_SHIFT``, mask ``answer & ONE_PAIR``;
-# or else, shifted right by TAG_SHIFT, the number of pairs in the bound
-# buffer in the low 32 bits and the number of I/O keys after them above.
-#: The bits of a one-pair answer that hold its mask (never 0 for one pair).
+# or one pair in the value itself when its ONE_PAIR bits (the mask) are
+# not 0, its tag above TAG_SHIFT; or, above TAG_SHIFT, the number of pairs
+# in the bound buffer (low 32 bits) and of I/O keys after them (above).
+#: The bits of a one-pair answer that hold its mask.
 ONE_PAIR = 3
 #: How far a one-pair answer's tag (or another answer's counts) is shifted.
 TAG_SHIFT = 2
@@ -159,35 +101,26 @@ _WORDS_PER_PAIR = 2     # (tag, selector mask), each a uint64
 
 class LoopView:
     """What a loop's iteration reads of its :class:`NotifySelector`
-    (``selector.loop_view``, one object for the selector's whole life), so
-    that it can make the port's call itself and read the answer in place,
-    without the list and tuples :meth:`NotifySelector.select` builds. The
-    loop assigns none of the attributes; of the functions, ``flush`` and
-    ``answer`` change the selector's state as a select does (they
-    reconcile, grow the answer buffer, hand I/O completions over). An iteration,
-    run between :meth:`NotifySelector.begin_run` and
-    :meth:`NotifySelector.end_run`, is::
+    (``selector.loop_view``, one object for the selector's life), to make
+    the port's call itself and read the answer in place. The loop assigns
+    none of it; ``flush`` and ``answer`` change the selector's state as a
+    select does. An iteration, between :meth:`NotifySelector.begin_run`
+    and :meth:`NotifySelector.end_run`::
 
         got = view.flush(ms) if view.pending else view.wait(view.port, ms)
-                                      # or view.poll(view.port), view.block(view.port)
-        if got > 0 and got & ONE_PAIR:   # one pair
-            key = view.keys.get(got >> TAG_SHIFT)   # None: unregistered meanwhile
+        if got > 0 and got & ONE_PAIR:       # one pair, in the value itself
+            key = view.keys.get(got >> TAG_SHIFT)   # None: unregistered since
         elif got:
-            values = view.answer(got)    # [tag, mask, tag, mask, ...]
+            values = view.answer(got)        # [tag, mask, tag, mask, ...]
 
-    ``port`` is the port's address (:attr:`Port.address`); ``poll(port)``,
-    ``block(port)`` and ``wait(port, ms)`` wait without changes: 0, for
-    ever, or ``ms`` milliseconds (a float, rounded up in C). ``pending``
-    is true when some registration may differ from what the port holds
-    (on the completion-port backends, any change since the last wait; on
-    epoll, only one an exception cut short): then ``flush(ms)`` hands the
-    port what reconciles them and waits, in one call. ``keys`` maps a tag
-    to its key (read only). ``answer(got)`` decodes any answer the one-pair
-    test does not take: it hands I/O completions to their handler, raises
-    for an error (nothing for an interrupted wait) and returns the pairs
-    as one flat list. ``key(fd)`` is ``fd``'s key or None (RuntimeError
-    once the selector is closed), for the loop's add and remove of readers
-    and writers."""
+    ``poll(port)``, ``block(port)`` and ``wait(port, ms)`` wait without
+    changes (0, for ever, ``ms`` milliseconds: a float the core rounds up);
+    ``pending`` is true when a registration may differ from what the port
+    holds, and ``flush(ms)`` then reconciles and waits in one call.
+    ``answer(got)`` decodes any other answer: I/O completions to their
+    handler, an exception for an error (nothing for an interrupted wait).
+    ``keys`` maps a tag to its key (read only); ``key(fd)`` is ``fd``'s
+    key or None, for the loop's add and remove of readers and writers."""
 
     __slots__ = ("port", "poll", "block", "wait", "pending", "flush", "answer", "keys", "key")
 
@@ -210,9 +143,8 @@ class _Record(NamedTuple):
     tag: int
 
 
-# A named tuple made without the Python-level __new__ of namedtuple (a
-# call frame each): register() and modify() are on asyncio's hot path
-# for sock_recv/sock_sendall, which add and remove a reader per call.
+# A named tuple made without namedtuple's Python-level __new__ (a frame):
+# asyncio's sock_recv and sock_sendall add and remove a reader per call.
 _new_record = tuple.__new__
 
 #: What the port holds of a descriptor (completion-port backends): the
@@ -224,6 +156,18 @@ _RESEND = -1
 #: Not a descriptor: in the dirty set, a reconcile not yet written down
 #: (its changes to be computed again).
 _UNSETTLED = -1
+
+_Change = tuple[int, int, int, int, int]    # port.Change's five numbers
+
+
+def _watching(fd: int, tag: int, watched: int) -> _Change:
+    """The change that makes registration ``tag`` of ``fd`` watch the
+    selector mask ``watched``: an ENABLE of its filter, one-shot and
+    level-triggered, or a DISABLE for none (register() builds its ENABLE
+    inline: it is on asyncio's hot path)."""
+    if watched:
+        return (fd, tag, _FILTER_OF_MASK[watched], OP_ENABLE, _ONESHOT_LEVEL)
+    return (fd, tag, 0, OP_DISABLE, 0)
 
 
 class _SelectorMapping(Mapping[Any, SelectorKey]):
@@ -245,11 +189,8 @@ class _SelectorMapping(Mapping[Any, SelectorKey]):
             raise KeyError(f"{fileobj!r} is not registered") from None
 
     def get(self, fileobj: Any, default: Any = None) -> Any:
-        """``fileobj``'s key, or ``default`` if it is not registered.
-
-        asyncio 3.14+ looks keys up this way on every add/remove of a reader
-        or writer (``get_map().get(fd)``); Mapping.get would go through
-        __getitem__ and a KeyError with a formatted message on every miss."""
+        """``fileobj``'s key, or ``default``: without Mapping.get's KeyError
+        per miss (asyncio 3.14+ asks on every add/remove of a reader)."""
         record = self._selector._records.get(self._selector._fileobj_lookup(fileobj))
         return default if record is None else record.key
 
@@ -263,18 +204,17 @@ class NotifySelector(selectors.BaseSelector):
     Same contract as the stdlib selectors (``select()`` returns
     ``[(key, mask & key.events)]``; ``None`` blocks, ``<= 0`` polls, a
     positive timeout is rounded up to milliseconds; ERR wakes both
-    directions; unregistering a closed socket does not raise). On epoll,
-    every change is applied at once, unregister included (errors raise
-    where ``EpollSelector`` raises them). On the completion-port backends
-    the port hears of changes at the next :meth:`select` (a descriptor that
-    is not an open socket is still refused at :meth:`register`), and only
-    of what differs then: a register and a modify before it are one
-    ENABLE, a register and an unregister nothing.
+    directions; unregistering a closed socket does not raise). On epoll
+    every change is applied at once (errors raise where ``EpollSelector``
+    raises them). On the completion-port backends the port hears at the
+    next :meth:`select` of what differs then (a register and a modify are
+    one ENABLE, a register and an unregister nothing); a descriptor that is
+    not an open socket is still refused at :meth:`register`.
 
     ``backend`` chooses the port's backend (see :class:`Port`); ``None``
     takes ``SOCKNOTIFY_BACKEND`` or the best one available. One thread at a
-    time may be inside :meth:`select` (a second raises RuntimeError), and
-    while a loop runs on the selector, only the loop's thread.
+    time may be in :meth:`select` (a second raises RuntimeError); while a
+    loop runs on the selector, only the loop's thread.
     """
 
     def __init__(self, backend: str | None = None) -> None:
@@ -283,60 +223,43 @@ class NotifySelector(selectors.BaseSelector):
         self._change_now = port.change_function()
         self._select_now = port.select_function()
         self._port_address = port.address
-        # fd -> _Record: the registrations as the user wants them.
+        # Wanted: fd -> (key, tag), and tag -> key for the answer (a tag
+        # never names another registration; 0 is never one).
         self._records: dict[int, _Record] = {}
-        # tag -> SelectorKey: the answer's index. Tags are never reused for
-        # another registration; 0 is never one.
         self._keys: dict[int, SelectorKey] = {}
         self._next_tag = 1
-        # fd -> _Held: what the port holds (completion-port backends; on
-        # epoll the port holds what is wanted once a change returns).
+        # Held: fd -> (tag, events watched), on the completion-port
+        # backends; on epoll the port holds what is wanted once a change
+        # returned.
         self._held: dict[int, _Held] = {}
-        # Descriptors whose wanted state may differ from what the port
-        # holds: marked by every change before it writes anything, cleared
-        # (on epoll) once the port agrees, swapped out by a reconcile. Two
-        # sets that trade places, so that a change a signal handler makes
-        # while a reconcile runs lands in the set it is not reading.
+        # Dirty: marked by a change before it writes anything. It trades
+        # places with the taken set at each reconcile, so that a signal
+        # handler's change lands in the set not being read; the taken set
+        # is emptied once what the port holds is written down, and one
+        # left full (a cut, a select that failed as a whole) is taken again.
         self._dirty: set[int] = set()
-        # The descriptors a reconcile took: emptied once the select has
-        # taken their changes and what the port holds is written down. One
-        # left full (an exception, a select that failed as a whole) is
-        # taken again by the next reconcile: it recomputes every change.
         self._taken: set[int] = set()
-        # A wake-up packet is on its way to the thread holding the select
-        # token, posted by a change from another thread since the last
-        # reconcile (completion-port backends): one is enough.
+        # A wake-up is on its way to the select token's holder since its
+        # last reconcile (completion-port backends): one is enough.
         self._woken = False
-        # Guards the state above against other threads' changes.
-        # Reentrant: a Python signal handler runs in the thread it
-        # interrupts, between two bytecodes, so one that pauses, resumes or
-        # closes a transport (a change of its registration) may run while
-        # that thread is inside a change with the lock held; a plain lock
-        # would block that thread on itself for good. The stdlib selectors
-        # take no lock and let the handler's change run inside the other
-        # one; so does this one.
+        # Reentrant: a signal handler runs in the thread it interrupts and
+        # may change a registration (pause, close a transport) while that
+        # thread is inside a change; a plain lock would block it on itself.
         self._lock = threading.RLock()
-        # The select token: {"owner": ident} while a thread holds it. Taken
-        # by one dict.setdefault, which is atomic, so that the claim and the
-        # claimant's name are one step: a signal handler raising between
-        # two bytecodes (Ctrl+C) can land after a lock's acquire and before
-        # its owner is written down, and would leave a lock held by nobody
-        # for good. Here a cut leaves the token named after its thread,
-        # which gives it back (see _take_token, _give_token).
+        # The select token: {"owner": ident}. Taken by one setdefault, so
+        # that a signal handler's exception cannot land between the claim
+        # and the owner's name (see _take_token, _give_token).
         self._token: dict[str, int] = {}
         self._claimed = False    # a loop runs on this selector
         self._map: _SelectorMapping | None = _SelectorMapping(self)
         #: Called with the keys (OVERLAPPED addresses) of the overlapped I/O
-        #: completions each wait dequeues (Windows handles associated with
-        #: ``port.os_handle``), by whoever started that I/O: the Windows
-        #: loop's proactor installs its own. ``None``: nobody did, and a
-        #: completion arriving anyway makes the select raise RuntimeError
-        #: (its owner would otherwise wait for it forever).
+        #: completions a wait dequeued (Windows): the Windows loop's
+        #: proactor installs it. ``None``: a completion arriving anyway
+        #: makes the select raise RuntimeError (its owner would wait for ever).
         self.io_completion_handler: IOCompletionHandler | None = None
         self._room = 0
         self._changes_room = 0
-        #: What a loop's iteration reads (see :class:`LoopView`): the same
-        #: object for the selector's whole life.
+        #: What a loop's iteration reads (see :class:`LoopView`).
         view = self.loop_view = self._view = LoopView()
         view.port = self._port_address
         view.poll, view.block, view.wait = port.wait_functions()
@@ -350,10 +273,9 @@ class NotifySelector(selectors.BaseSelector):
     # -- buffers -----------------------------------------------------------------
 
     def _bind(self, room: int, changes_room: int) -> bool:
-        """Have the port bind buffers for ``room`` ready registrations per
-        select and ``changes_room`` changes (the caller holds the select
-        token, or is ``__init__``). False if a select is running in
-        another thread (the old buffers stay bound)."""
+        """Bind buffers for ``room`` ready registrations and
+        ``changes_room`` changes (the select token held, or ``__init__``).
+        False if a select runs in another thread (the old ones stay)."""
         bound = self._port.bind_select_buffers(room + changes_room, changes_room)
         if bound is None:
             return False
@@ -362,10 +284,10 @@ class NotifySelector(selectors.BaseSelector):
         return True
 
     def _grow(self) -> None:
-        """Room for every registration to be ready at once, if there is not
-        (the select token held): after a register(), or after an answer
-        that filled the buffer (a register() made while another thread held
-        the token could not bind it)."""
+        """Room for every registration to be ready at once (the select
+        token held): after a register(), or an answer that filled the
+        buffer (a register() while another thread held the token could not
+        bind it)."""
         room = self._room
         if len(self._records) > room:
             while room < len(self._records):
@@ -392,17 +314,16 @@ class NotifySelector(selectors.BaseSelector):
         self._claimed = False
 
     def begin_run(self) -> None:
-        """Take the select token for a loop's run in this thread (the loop's
-        ``run_forever`` calls it after asyncio's own checks): from now until
-        :meth:`end_run` this thread alone selects, and it may call
-        :meth:`select` too. RuntimeError if another thread selects."""
+        """Take the select token for a loop's run in this thread (after
+        asyncio's own checks): until :meth:`end_run` this thread alone
+        selects. RuntimeError if another thread selects."""
         if not self._take_token(_get_ident()):
             raise RuntimeError("select() is already running in another thread")
 
     def end_run(self) -> None:
         """Give back the token :meth:`begin_run` took, if this thread holds
-        it: the loop calls it in a ``finally`` that also covers a
-        begin_run() refused or cut short by a signal handler's exception."""
+        it (the loop's ``finally`` also covers a begin_run() refused or cut
+        short)."""
         self._give_token(_get_ident())
 
     def _take_token(self, me: int) -> bool:
@@ -412,26 +333,18 @@ class NotifySelector(selectors.BaseSelector):
 
     def _give_token(self, me: int) -> None:
         """Give the token back if thread ``me`` holds it (no other thread
-        can take it meanwhile, so the look and the removal need no lock)."""
+        can take it meanwhile: no lock needed)."""
         if self._token.get("owner") == me:
             del self._token["owner"]
 
-    def _no_select_elsewhere(self) -> bool:
-        """No other thread is inside a select: the token is free, or this
-        thread holds it (and is not selecting, since it is here)."""
-        me = _get_ident()
-        return self._token.get("owner", me) == me
-
     def _wake_the_selecting_thread(self) -> None:
         """The end of a change on the completion-port backends (``_lock``
-        held, the descriptor marked): if another thread holds the select
-        token, its wait may be on and would not see the change before it
-        ends, so a packet posted to the port ends it, and that thread
-        reconciles and waits again. One packet until that thread's next
-        reconcile, which comes before its next wait: the flag is set with
-        the mark it answers for, and a reconcile clears both in one step. A
-        thread that takes the token after this look reconciles after the
-        mark."""
+        held, the descriptor marked): another thread holding the select
+        token may be waiting, blind to the change; a posted packet ends
+        its wait, and it reconciles and waits again. One packet until its
+        next reconcile, which comes before its next wait (the flag is set
+        with the mark it answers for; a reconcile clears both). A thread
+        that takes the token after this look reconciles after the mark."""
         owner = self._token.get("owner")
         if owner is None or owner == _get_ident() or self._woken:
             return
@@ -459,12 +372,9 @@ class NotifySelector(selectors.BaseSelector):
         fails or is -1), the descriptor it was registered with, so it can
         still be unregistered."""
         if type(fileobj) is int and fileobj >= 0:
-            # What fileno_of answers for a valid descriptor number (the
-            # loop's own calls pass numbers), without its call.
-            return fileobj
+            return fileobj    # fileno_of's answer, without its call
         try:
-            # Validated as selectors do: any number that is not negative
-            # (one too wide for the port is refused by register()).
+            # As selectors validate: any number that is not negative.
             return fileno_of(fileobj, bounded=False)
         except ValueError:
             # A copy: other threads may be changing the dict.
@@ -500,14 +410,11 @@ class NotifySelector(selectors.BaseSelector):
     # -- changes: what the user wants -------------------------------------------------
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
-        """Register ``fileobj`` for ``events``.
-
-        Raises ValueError for invalid events or file object, KeyError if it
-        is already registered, OverflowError for a descriptor epoll cannot
-        take (above a C int, as EpollSelector), and OSError for a
-        descriptor the port refuses (on epoll, what ``epoll_ctl`` says:
-        PermissionError for a regular file; elsewhere, a descriptor that is
-        not an open socket).
+        """Register ``fileobj`` for ``events``: ValueError for invalid
+        events or file object, KeyError if registered, OverflowError for a
+        descriptor epoll cannot take (above a C int, as EpollSelector),
+        OSError for one the port refuses (epoll: what ``epoll_ctl`` says,
+        PermissionError for a regular file; elsewhere: not an open socket).
         """
         if not events or events & ~_WATCHED:
             raise ValueError(f"Invalid events: {events!r}")
@@ -521,8 +428,7 @@ class NotifySelector(selectors.BaseSelector):
                 raise self._port.closed_error()
             at_once = self._at_once
             if fd > (_MAX_EPOLL_FD if at_once else _MAX_DESCRIPTOR):
-                # CPython's words for a number its poller cannot take
-                # (epoll's and select()'s descriptors are C ints).
+                # CPython's words: epoll's descriptors are C ints.
                 raise OverflowError("Python int too large to convert to C int")
             if not at_once:
                 code = self._port.probe(fd)
@@ -537,9 +443,8 @@ class NotifySelector(selectors.BaseSelector):
             else:
                 tag = self._tag_for(fd)
             key = SelectorKey(fileobj, fd, events, data)
-            # Recorded before the port hears of it: on epoll the item is in
-            # the kernel as soon as the call returns, and a select running
-            # in another thread may report it at once.
+            # Recorded before the port hears of it: a select in another
+            # thread may report the epoll item as soon as it is made.
             records[fd] = _new_record(_Record, (key, tag))
             self._keys[tag] = key
             if at_once:
@@ -559,20 +464,16 @@ class NotifySelector(selectors.BaseSelector):
         return key
 
     def _tag_for(self, fd: int) -> int:
-        """The tag of a new registration of ``fd`` (``_lock`` held): a new
-        one; or, on the completion-port backends, the tag of the
-        registration the port still holds for ``fd`` (unregistered since
-        the last select: asyncio's sock_recv removes its reader in a done
-        callback and the next call adds it back), which it continues. A new
-        tag there would be a new completion key for a live socket, which
-        Windows does not allow before the REMOVE event ("deregister, wait
-        for SOCK_NOTIFY_EVENT_REMOVE, and then re-register"): the port
-        would REMOVE and hold the ENABLE back for that event. Its events
-        are sent again (the number may name another socket by now: the
-        port then checks). Not while another thread selects: an answer in
-        flight would name the tag, for the old registration."""
+        """A new registration's tag (``_lock`` held): a new one, or on the
+        completion-port backends the tag of the registration the port
+        still holds for ``fd`` (unregistered since the last select, as
+        asyncio's sock_recv does), which it continues with its events sent
+        again: Windows keeps a socket's first completion key until the
+        REMOVE event, so a new tag would make the port REMOVE and hold the
+        ENABLE back for that event. Not while another thread selects: an
+        answer in flight may name the tag."""
         held = self._held.get(fd)
-        if held is not None and self._no_select_elsewhere():
+        if held is not None and self._token.get("owner", _get_ident()) == _get_ident():
             self._held[fd] = (held[0], _RESEND)
             return held[0]
         tag = self._next_tag
@@ -581,8 +482,8 @@ class NotifySelector(selectors.BaseSelector):
 
     def _grow_now(self) -> None:
         """Room for every registration in the answer buffer, after a
-        register(): only while no select or loop's run holds the token
-        (the loop grows the buffer when an answer fills it)."""
+        register(), if no select or run holds the token (the loop grows it
+        when an answer fills it)."""
         me = _get_ident()
         held = True   # until known otherwise: never give back what was not taken
         try:
@@ -596,14 +497,12 @@ class NotifySelector(selectors.BaseSelector):
     def unregister(self, fileobj: Any) -> SelectorKey:
         """Unregister ``fileobj``; KeyError if it is not registered.
 
-        Never fails for a socket closed meanwhile (as with the stdlib
-        selectors, the port's refusal to remove it is ignored), nor in a
-        forked child, whose port is the parent's. On epoll the
-        registration leaves the kernel now, while the descriptor is still
-        open: asyncio closes a socket right after removing its reader, and
-        a removal made after the close could not reach an item whose file
-        lives on in a dup() or a forked child. An answer in flight that
-        names it is dropped: no later registration carries its tag.
+        Never fails for a socket closed meanwhile, nor in a forked child
+        (the port's refusal to remove it is ignored, as by the stdlib
+        selectors). On epoll the item leaves the kernel now, while the
+        descriptor is still open: asyncio closes a socket right after
+        removing its reader, and a removal after the close could not reach
+        an item whose file lives on in a dup() or a forked child.
         """
         with self._lock:
             fd = self._fileobj_lookup(fileobj)
@@ -613,9 +512,8 @@ class NotifySelector(selectors.BaseSelector):
                 raise KeyError(f"{fileobj!r} is not registered") from None
             self._dirty.add(fd)
             if self._at_once:
-                # Removed before Python forgets it: a cut between leaves a
-                # registration Python still has, which the next reconcile
-                # enables again. A refused REMOVE is ignored (see above).
+                # Before Python forgets it: a cut between leaves a
+                # registration Python has, which the reconcile enables.
                 self._change_now(self._port_address, fd, tag, 0, OP_REMOVE, 0)
             del self._records[fd]
             self._keys.pop(tag, None)
@@ -628,10 +526,10 @@ class NotifySelector(selectors.BaseSelector):
     def modify(self, fileobj: Any, events: int, data: Any = None) -> SelectorKey:
         """Change the events and/or data of a registered file object.
 
-        As with EpollSelector, any events value is accepted: the READ and
-        WRITE bits are watched, and the key keeps the value given. Only an
-        events change costs a port operation; one the port refuses (on
-        epoll) unregisters the file object and raises.
+        As with EpollSelector, any events value is accepted (the READ and
+        WRITE bits are watched; the key keeps the value given). Only a
+        change of the watched bits reaches the port; one the port refuses
+        (epoll) unregisters the file object and raises.
         """
         with self._lock:
             try:
@@ -639,99 +537,79 @@ class NotifySelector(selectors.BaseSelector):
                 key, tag = self._records[fd]
             except KeyError:
                 raise KeyError(f"{fileobj!r} is not registered") from None
-            if events == key.events:
-                if data == key.data:
-                    return key
-                key = key._replace(data=data)
-                self._records[fd] = _new_record(_Record, (key, tag))
-                self._keys[tag] = key
+            if events == key.events and data == key.data:
                 return key
-            watched = events & _WATCHED
-            changed = watched != key.events & _WATCHED
+            changed = (events ^ key.events) & _WATCHED
             key = key._replace(events=events, data=data)
             if changed:
                 self._dirty.add(fd)
             self._records[fd] = _new_record(_Record, (key, tag))
             self._keys[tag] = key
-            if changed and self._at_once:
-                code = (self._change_now(self._port_address, fd, tag, _FILTER_OF_MASK[watched],
-                                         OP_ENABLE, _ONESHOT_LEVEL) if watched else
-                        self._change_now(self._port_address, fd, tag, 0, OP_DISABLE, 0))
-                if code:
-                    # What EpollSelector does: a refused modify unregisters.
-                    self.unregister(fileobj)
-                    raise self._port.change_error(code)
-                self._dirty.discard(fd)
-            elif changed:
+            if not changed:
+                return key
+            if not self._at_once:
                 self._wake_the_selecting_thread()
+                return key
+            code = self._change_now(self._port_address, *_watching(fd, tag, events & _WATCHED))
+            if code:
+                # What EpollSelector does: a refused modify unregisters.
+                self.unregister(fileobj)
+                raise self._port.change_error(code)
+            self._dirty.discard(fd)
         return key
 
     # -- reconciling: what the port holds -------------------------------------------------
 
-    def _change_for(self, fd: int) -> tuple[tuple[int, int, int, int, int] | None,
-                                            _Held | None]:
+    def _change_for(self, fd: int) -> tuple[_Change | None, _Held | None]:
         """The one change that makes the port hold what is wanted of
-        ``fd``, or None, and what the port holds once it is made (None:
-        nothing); completion-port backends, ``_lock`` held."""
+        ``fd`` (None if it does), and what the port holds once it is made
+        (None: nothing). Completion-port backends, ``_lock`` held."""
         held = self._held.get(fd)
         record = self._records.get(fd)
         if record is None:
-            if held is None:
-                return None, None
-            # Removed: a REMOVE naming the tag (the port ignores it if its
-            # record carries another tag by now).
-            return (fd, held[0], 0, OP_REMOVE, 0), None
+            # A REMOVE names its tag: the port ignores it for another.
+            return (None if held is None else (fd, held[0], 0, OP_REMOVE, 0)), None
         key, tag = record
         watched = key.events & _WATCHED
         if held is not None and held[0] == tag and held[1] == watched:
             return None, held
-        if watched:
-            # A new registration, or one the port holds under another tag
-            # (the port re-keys it), or other events: one ENABLE.
-            return (fd, tag, _FILTER_OF_MASK[watched], OP_ENABLE, _ONESHOT_LEVEL), (tag, watched)
-        if held is None:
-            return None, None          # nothing watched, nothing held
-        if held[0] != tag:
-            return (fd, held[0], 0, OP_REMOVE, 0), None
-        return (fd, tag, 0, OP_DISABLE, 0), (tag, 0)
+        if not watched and (held is None or held[0] != tag):
+            # Nothing to watch: the port holds nothing of it, or must not.
+            return (None if held is None else (fd, held[0], 0, OP_REMOVE, 0)), None
+        # A new registration, other events, or one the port holds under
+        # another tag (the port re-keys it): one ENABLE, or a DISABLE.
+        return _watching(fd, tag, watched), (tag, watched)
 
     def _flush(self, ms: float) -> int:
         """Reconcile, then wait up to ``ms`` milliseconds: the general
-        select call (the select token held); returns the call's answer.
+        select call (the select token held); returns its answer.
 
-        The dirty set is swapped out first, so that a change a signal
-        handler makes meanwhile lands in the fresh one (and waits for the
-        next reconcile). On the completion-port backends each descriptor
-        taken becomes at most one change in the select call's batch; what
-        the port holds is written down once the call took them. On epoll
-        the descriptors taken are those a cut left marked: each gets what
-        is wanted of it, at once."""
+        The dirty set trades places with the taken one first, so that a
+        signal handler's change made meanwhile waits for the next
+        reconcile. On the completion-port backends each descriptor taken
+        becomes at most one change of the call's batch, and what the port
+        holds is written down once the call took them (one that failed as
+        a whole applied none: they stay taken). On epoll those a cut left
+        marked get what is wanted of them, at once."""
         with self._lock:
             taken = self._taken
-            # What a flush cut short left taken goes with this one.
-            self._dirty |= taken
+            self._dirty |= taken     # what a reconcile cut short left taken
             taken.clear()
-            # The fresh set starts marked, so that the selector's users see
-            # a reconcile to make until this one is written down (a select
-            # that failed as a whole, or a cut, leaves it there).
+            # Marked until this reconcile is written down: one cut short
+            # or failed leaves the dirty set showing a reconcile to make.
             taken.add(_UNSETTLED)
             self._woken = False
             # One step: the sets trade places (no call between the stores).
             self._taken, self._dirty, self._view.pending = self._dirty, taken, taken
+            sent: list[tuple[int, _Held | None]] = []
             if self._at_once:
                 self._enable_taken()
-                count = 0
-                sent: list[tuple[int, _Held | None]] = []
             else:
                 sent = self._pack_taken()
-                count = len(sent)
-            if not count:
+            if not sent:
                 self._settled()
-        got: int = self._select_now(self._port_address, count, ms)
-        if got >= 0 and count:
-            # The call took the batch (one that failed as a whole answers
-            # an error and applied none of it: left taken, it is computed
-            # again).
+        got: int = self._select_now(self._port_address, len(sent), ms)
+        if got >= 0 and sent:
             with self._lock:
                 held = self._held
                 for fd, state in sent:
@@ -749,10 +627,9 @@ class NotifySelector(selectors.BaseSelector):
         self._dirty.discard(_UNSETTLED)
 
     def _pack_taken(self) -> list[tuple[int, _Held | None]]:
-        """The taken descriptors' changes into the bound buffer
-        (completion-port backends, ``_lock`` and the token held); returns,
-        per change, its descriptor and what the port holds once it is
-        made."""
+        """The taken descriptors' changes into the bound buffer (``_lock``
+        and the token held); per change, its descriptor and what the port
+        holds once it is made."""
         changes = []
         sent = []
         for fd in self._taken:
@@ -773,19 +650,16 @@ class NotifySelector(selectors.BaseSelector):
 
     def _enable_taken(self) -> None:
         """Epoll, ``_lock`` held: each taken descriptor Python has gets its
-        ENABLE (or DISABLE) again, at once; the port holds nothing of one
-        Python no longer has (its REMOVE came before Python forgot it). An
-        ENABLE the port refuses now ends the registration in Python too, as
-        a refused register() would have."""
+        ENABLE (or DISABLE) again, at once (one Python no longer has was
+        removed before Python forgot it). One the port refuses ends in
+        Python too, as a refused register() would."""
         for fd in self._taken:
             record = self._records.get(fd)
             if record is None:
                 continue
             key, tag = record
-            watched = key.events & _WATCHED
-            code = (self._change_now(self._port_address, fd, tag, _FILTER_OF_MASK[watched],
-                                     OP_ENABLE, _ONESHOT_LEVEL) if watched else
-                    self._change_now(self._port_address, fd, tag, 0, OP_DISABLE, 0))
+            code = self._change_now(self._port_address,
+                                    *_watching(fd, tag, key.events & _WATCHED))
             if code and self._records.get(fd) is record:
                 del self._records[fd]
                 self._keys.pop(tag, None)
@@ -793,12 +667,11 @@ class NotifySelector(selectors.BaseSelector):
     # -- the answer ---------------------------------------------------------------------
 
     def _answer(self, got: int) -> list[int]:
-        """The select call's answer as a flat list ``[tag, mask, tag, mask,
-        ...]``: the one decoder of it. The keys of overlapped I/O
-        completions go to :attr:`io_completion_handler`; an answer that
-        filled the buffer grows it (the select token held); an error
-        raises, and an interrupted wait is no pairs (the signal's Python
-        handler runs as soon as Python resumes)."""
+        """The select call's answer as ``[tag, mask, tag, mask, ...]``: its
+        one decoder. I/O completion keys go to
+        :attr:`io_completion_handler`; an answer that filled the buffer
+        grows it (the select token held); an error raises; an interrupted
+        wait is no pairs (its signal handler runs when Python resumes)."""
         if got < 0:
             error = self._port.select_error(-got)
             if error is not None:
@@ -838,9 +711,8 @@ class NotifySelector(selectors.BaseSelector):
         wait = wait_ms(timeout)
         deadline = _monotonic() + timeout if wait > 0 else None  # type: ignore[operator]
         me = _get_ident()
-        # Held already: this thread runs the loop that holds the token
-        # (debug mode's iteration selects through here). Until that is
-        # known, assumed, so that a cut before it gives nothing back.
+        # Held already by this thread's loop (debug mode selects through
+        # here); assumed until known, so that a cut gives nothing back.
         had_token = True
         try:
             had_token = self._token.get("owner") == me
@@ -848,12 +720,9 @@ class NotifySelector(selectors.BaseSelector):
                 raise RuntimeError("select() is already running in another thread")
             values = self._wait(wait, deadline)
             keys = self._keys
-            # Looked up before the token goes back: another thread's
-            # register() may continue an unregistered registration's tag
-            # once no select holds it. Masked with the key read now, as
-            # EpollSelector does: the port limited the mask to the
-            # registration's events at the wait, and a modify() in another
-            # thread may have changed them since.
+            # Looked up before the token goes back (then another thread's
+            # register() may continue a tag); masked with the key read now,
+            # as EpollSelector does (a modify() may have come since).
             return [(key, ready) for tag, mask in zip(values[::2], values[1::2])
                     if (key := keys.get(tag)) is not None and (ready := mask & key.events)]
         finally:
