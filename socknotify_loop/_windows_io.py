@@ -221,6 +221,18 @@ class PortProactor(windows_events.IocpProactor):
             self._iocp = None
 
 
+def _restore_wakeup_fd(previous: int | None) -> None:
+    """Point the signal wakeup descriptor back where it was before a run
+    set it: ``previous``, or nowhere when that is unknown (a cut between
+    the setting and the reading of its answer) or no longer a socket (a
+    run cut before it could restore its own left it to a self-pipe since
+    closed, which Windows' set_wakeup_fd refuses)."""
+    try:
+        signal.set_wakeup_fd(-1 if previous is None else previous)
+    except (ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+
+
 class WindowsLoop(Loop):
     """:class:`socknotify_loop.loop.Loop` with what ``ProactorEventLoop``
     adds for pipes and subprocesses, on the loop's own port:
@@ -302,22 +314,25 @@ class WindowsLoop(Loop):
         a byte, the port reports the self-pipe readable, the wait returns
         and the handler runs.
         """
-        wakeup_set = False
-        previous = -1
+        ours = -1
         if (threading.current_thread() is threading.main_thread()
                 and getattr(self, "_csock", None) is not None):
-            try:
-                previous = signal.set_wakeup_fd(self._csock.fileno())  # type: ignore[union-attr]
-                wakeup_set = True
-            except (ValueError, OSError):
-                # Another thread's loop or a non-main interpreter:
-                # signals cannot reach us anyway.
-                pass
+            ours = self._csock.fileno()  # type: ignore[union-attr]
+        # Set inside the try: an exception a signal handler raises right
+        # after the setting (Ctrl+C) still reaches the restoring finally.
+        previous: int | None = None
         try:
+            if ours != -1:
+                try:
+                    previous = signal.set_wakeup_fd(ours)
+                except (ValueError, OSError):
+                    # Another thread's loop or a non-main interpreter:
+                    # signals cannot reach us anyway.
+                    ours = -1
             super().run_forever()
         finally:
-            if wakeup_set:
-                signal.set_wakeup_fd(previous)
+            if ours != -1:
+                _restore_wakeup_fd(previous)
 
     def close(self) -> None:
         """Close the loop: first every overlapped operation is cancelled
