@@ -107,6 +107,8 @@ def _floor(count: int, timer: bool) -> None:
 
 
 def _drive(view, counter, timer: bool) -> None:
+    from socknotify_loop.selector import ONE_PAIR, TAG_SHIFT
+
     keys = view.keys
     port = view.port
     done = counter.done
@@ -114,8 +116,8 @@ def _drive(view, counter, timer: bool) -> None:
     deadline = monotonic() + 3600.0
     poll, block, wait = view.poll, view.block, view.wait
     while not done._done:
-        if view.queued:
-            got = view.select(port, view.prepare(), 0 if timer else -1)
+        if view.pending:
+            got = view.flush(0 if timer else -1)
         elif timer:
             got = poll(port)
             if not got:
@@ -124,14 +126,12 @@ def _drive(view, counter, timer: bool) -> None:
             got = block(port)
         if timer and deadline <= monotonic():
             raise RuntimeError("the floor's timer is an hour away")
-        if got & 3:
-            keys[got >> 2].data()
-        elif got > 0:
-            values = view.out[:(got >> 2) << 1].tolist()
+        if got > 0 and got & ONE_PAIR:
+            keys[got >> TAG_SHIFT].data()
+        elif got:
+            values = view.answer(got)
             for i in range(0, len(values), 2):
                 keys[values[i]].data()
-        elif got:
-            view.raise_for(got)
 
 
 def _loop(kind: str, count: int) -> None:

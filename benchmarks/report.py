@@ -380,7 +380,8 @@ KERNEL_CALLS_TEXT = [
      "makes its call, with a zero timeout; one with a timer pending polls first and, if "
      "that finds nothing, makes a second call, the timed wait (so an idle loop's iteration "
      "can count two). \"Changes submitted\" are the registration "
-     "changes the selector queued for that call (add_reader, remove_reader, ...); the "
+     "changes the selector handed to that call, one per descriptor whose registration "
+     "changed since the last (add_reader, remove_reader, ...); the "
      "re-arms of one-shot registrations are added by the C core inside the same call, and "
      "on afd each one that needs a new poll is an IOCTL_AFD_POLL. These counts leave out "
      "the loop's own send/recv."),

@@ -136,15 +136,14 @@ def _counted_run(case_name: str, loop_name: str, count: int, timeout: float) -> 
     port = getattr(getattr(loop, "_selector", None), "port", None) \
         if loop_name in loops.OURS else None
     if port is not None:
-        view = loop._selector.loop_view
-        prepare = view.prepare
+        pack = port.pack_bound_changes
 
-        def counted_prepare():
-            n = prepare()
-            submitted[0] += n
-            return n
-        # The changes queued for the next wait go through prepare().
-        view.prepare = counted_prepare
+        def counted_pack(changes):
+            submitted[0] += len(changes)
+            pack(changes)
+        # The changes a wait hands to the port (completion-port backends;
+        # epoll applies each at once) are packed into its bound buffer.
+        port.pack_bound_changes = counted_pack
     try:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(asyncio.wait_for(cases.CASES[name](cfg), timeout))

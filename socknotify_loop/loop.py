@@ -1,12 +1,18 @@
 """Loop: asyncio's selector event loop running on a :class:`NotifySelector`.
 
-asyncio's ``SelectorEventLoop`` already takes its selector as an argument and
-needs nothing from it beyond the :mod:`selectors` contract, so the loop is
-the stock one with our selector plugged in. Subclassing it (rather than
-writing a loop) keeps ``isinstance(loop, asyncio.SelectorEventLoop)`` true,
-which libraries check before using ``add_reader``/``add_writer`` (aiodns,
-psycopg, pyzmq), and keeps every transport, server and ``sock_*`` method
-asyncio's own.
+asyncio's ``SelectorEventLoop`` takes its selector as an argument, so the
+loop is a subclass of it with our selector plugged in. Subclassing it
+(rather than writing a loop) keeps ``isinstance(loop,
+asyncio.SelectorEventLoop)`` true, which libraries check before using
+``add_reader``/``add_writer`` (aiodns, psycopg, pyzmq), and keeps asyncio's
+servers, ``sock_*`` methods, SSL and everything else it does not override.
+It overrides what the hot path runs through: the iteration (``_run_once``,
+which calls the port itself through the selector's :class:`LoopView`),
+``call_soon`` and the add and remove of readers and writers (the same
+semantics, checked against asyncio's source and behaviour by
+tests/test_loop.py), and it makes its own socket transports
+(:mod:`socknotify_loop.transports`) unless asked for asyncio's
+(``transports="asyncio"``).
 
 This module is portable: the same class runs on every platform and knows
 nothing of any. On Windows ``socknotify_loop.Loop`` is a subclass of it
@@ -20,8 +26,9 @@ The iteration. asyncio's ``_run_once`` asks the selector for a list of
 ``(key, mask)`` tuples and hands it to ``_process_events``, which looks the
 reader and writer handles up again; it reads the clock after every wait.
 :meth:`Loop._run_once` does the same work in one pass over the port's
-answer: one cffi call writes ``(tag, mask)`` pairs into a buffer, and the
-handles go straight from the registration's key to ``_ready``; the clock is
+answer: one cffi call writes ``(tag, mask)`` pairs into a buffer (one pair
+travels in its return value), and the handles go straight from the
+registration's key to ``_ready``; the clock is
 read only when a timer is scheduled, through ``time`` bound to
 :func:`time.monotonic` itself (what asyncio's ``time()`` returns, one call
 frame less; a subclass or an instance may still replace it), and the wait's
@@ -59,7 +66,7 @@ from asyncio import base_events, events, format_helpers, sslproto
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-from .selector import NotifySelector
+from .selector import ONE_PAIR, TAG_SHIFT, NotifySelector
 from .transports import DatagramTransport, SocketTransport, sendfile_fallback
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
@@ -69,7 +76,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
 
     _Ts = TypeVarTuple("_Ts")
 
-_PAIRS = 0xFFFFFFFF
 _EVENT_READ = selectors.EVENT_READ
 _EVENT_WRITE = selectors.EVENT_WRITE
 # The loop's transports by descriptor are a weakref.WeakValueDictionary,
@@ -215,13 +221,14 @@ class Loop(asyncio.SelectorEventLoop):
         except BaseException:
             self._closed = True   # as above: nothing for __del__ to report
             raise
+        # What the loop reads of the selector, the same for its life (the
+        # self-pipe's reader is added inside asyncio's __init__).
+        self._view = selector.loop_view
         try:
             super().__init__(selector)
         except BaseException:
             selector.release_claim()
             raise
-        # What the iteration reads of the selector, the same for its life.
-        self._view = selector.loop_view
         # Kept for __repr__, which also describes a closed loop (asyncio
         # drops the selector when it closes).
         self._backend_name = selector.backend
@@ -277,8 +284,21 @@ class Loop(asyncio.SelectorEventLoop):
 
     @property
     def backend(self) -> str:
-        """The notification backend: ``'epoll'``, ``'psn'`` or ``'afd'``."""
+        """The notification backend: ``'epoll'``, ``'psn'``, ``'afd'`` or
+        ``'strict'``."""
         return self._selector.backend
+
+    def selector_key(self, fd: Any) -> selectors.SelectorKey | None:
+        """``fd``'s registration in the loop's selector (its
+        :class:`selectors.SelectorKey`, whose data is the ``(reader,
+        writer)`` pair of handles), or None when it has none or the loop is
+        closed; ValueError for an invalid file object. The loop's own
+        transports ask it for their repr and when their protocol changes
+        kind."""
+        try:
+            return self._view.key(fd)
+        except RuntimeError:   # the selector is closed
+            return None
 
     @property
     def transports(self) -> str:
@@ -408,8 +428,8 @@ class Loop(asyncio.SelectorEventLoop):
             return handle  # type: ignore[no-any-return]  # a Handle, typed Any above
 
         # Readers and writers. asyncio's four methods, for this loop's
-        # selector: the key is looked up with the selector's _key_or_none,
-        # which answers None for a descriptor not registered (asyncio up
+        # selector: the key is looked up with its LoopView's key(), which
+        # answers None for a descriptor not registered (asyncio up
         # to 3.12 asks get_key(), whose miss raises a KeyError with its
         # message formatted, and sock_recv and sock_sendall add a reader or
         # writer to a new registration on each call that waits; 3.13 and
@@ -478,7 +498,7 @@ class Loop(asyncio.SelectorEventLoop):
             if self._closed:
                 raise RuntimeError('Event loop is closed')
             selector = self._selector
-            key = selector._key_or_none(fd)
+            key = self._view.key(fd)
             if key is None:
                 selector.register(fd, event,
                                   (handle, None) if event == _EVENT_READ else (None, handle))
@@ -505,7 +525,7 @@ class Loop(asyncio.SelectorEventLoop):
             if self._closed:
                 return False
             selector = self._selector
-            key = selector._key_or_none(fd)
+            key = self._view.key(fd)
             if key is None:
                 return False
             reader, writer = key.data
@@ -540,34 +560,25 @@ class Loop(asyncio.SelectorEventLoop):
         def _sleep(self, view: LoopView) -> int:
             """The wait of an iteration with a timer pending, once a poll
             found nothing: until the timer (the timeout computed now, as
-            asyncio computes it), or the general call if a signal handler
-            queued a change since, or no wait at all if it made a callback
-            ready."""
+            asyncio computes it), or with the changes a signal handler
+            made since, or no wait at all if it made a callback ready."""
             ms = self._wait_ms()
-            if view.queued:
-                return view.select(view.port, view.prepare(), ms)
+            if view.pending:
+                return view.flush(ms)
             if not ms:
                 return 0
             wait = view.wait
             return wait(view.port, ms)
 
-        def _run_once(self) -> None:
-            """One iteration: run timers due, wait on the port, queue the
-            ready handles, run what is ready (see the module docstring)."""
-            if self._debug:
-                super()._run_once()  # type: ignore[misc]  # not in typeshed
-                return
-            handle: Any   # a Handle or TimerHandle, private attributes and all
-            key: Any      # a SelectorKey, or None once dispatched
+        def _drop_cancelled_timers(self) -> None:
+            """asyncio's clean-up of cancelled timers at the head of an
+            iteration. asyncio counts every scheduled timer cancelled (and
+            uncounts only those it drops here), so the iteration calls this
+            only with a count: with none, no cancelled timer is in the heap
+            and both branches would do nothing."""
             scheduled = self._scheduled
-            # asyncio counts every scheduled timer cancelled (and uncounts
-            # only those it drops here), so with a count of 0 no cancelled
-            # timer is in the heap and both branches below do nothing:
-            # skipping them saves their tests in every iteration.
-            if not self._timer_cancelled_count:
-                pass
-            elif ((sched_count := len(scheduled)) > _MIN_SCHEDULED_TIMER_HANDLES and
-                    self._timer_cancelled_count / sched_count >
+            if (len(scheduled) > _MIN_SCHEDULED_TIMER_HANDLES and
+                    self._timer_cancelled_count / len(scheduled) >
                     _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
                 # Many cancelled timers: rebuild the heap without them.
                 new_scheduled = []
@@ -577,7 +588,7 @@ class Loop(asyncio.SelectorEventLoop):
                     else:
                         new_scheduled.append(handle)
                 heapq.heapify(new_scheduled)
-                scheduled = self._scheduled = new_scheduled
+                self._scheduled = new_scheduled
                 self._timer_cancelled_count = 0
             else:
                 while scheduled and scheduled[0]._cancelled:
@@ -585,29 +596,60 @@ class Loop(asyncio.SelectorEventLoop):
                     handle = _heappop(scheduled)
                     handle._scheduled = False
 
+        def _dispatch(self, values: list[int]) -> None:
+            """Queue the reader and writer handles of the ready pairs
+            ``[tag, mask, tag, mask, ...]`` (any answer but a single read):
+            what asyncio's _process_events does with a select's list. A
+            mask is 1 (read), 2 (write) or 3 (both), never 0: the tests
+            use !=, which Python specialises for small ints, where & is a
+            generic call. A tag names one registration for good: one no
+            longer in ``keys`` ended since the wait returned (a signal
+            handler, another thread), and its pair is dropped. The
+            references go with this frame, before callbacks run (CPython's
+            tests check that a failed future is referenced by nothing else,
+            and a reader or writer handle holds its future)."""
+            ready = self._ready
+            keys = self._view.keys
+            pairs = iter(values)
+            for tag, mask in zip(pairs, pairs):
+                try:
+                    key = keys[tag]
+                except KeyError:
+                    continue
+                reader, writer = key[3]
+                if mask != 2 and reader is not None:
+                    if reader._cancelled:
+                        self._remove_reader(key.fileobj)
+                    else:
+                        ready.append(reader)
+                if mask != 1 and writer is not None:
+                    if writer._cancelled:
+                        self._remove_writer(key.fileobj)
+                    else:
+                        ready.append(writer)
+
+        def _run_once(self) -> None:
+            """One iteration: run timers due, wait on the port, queue the
+            ready handles, run what is ready (see the module docstring)."""
+            if self._debug:
+                super()._run_once()  # type: ignore[misc]  # not in typeshed
+                return
+            handle: Any   # a Handle or TimerHandle, private attributes and all
+            if self._timer_cancelled_count:
+                self._drop_cancelled_timers()
+            scheduled = self._scheduled
             ready = self._ready
             view = self._view
-            # The selector's select(), inline, through the one object the
-            # selector offers for it (selector.LoopView). run_forever holds
-            # the selector's select token for the whole run, so nothing is
-            # taken here. With nothing queued, the port's calls that take
-            # no change count: poll and block take one argument, a timed
-            # wait two; the binding makes them for less than the general
-            # call (docs/design.md).
-            if view.queued:
-                # Changes queued: the general call.
-                got = view.select(view.port, view.prepare(), self._wait_ms())
+            # The port's call through the LoopView (the token is held for
+            # the run). A slot read by a method call is not specialised.
+            if view.pending:
+                got = view.flush(self._wait_ms())
             elif ready or self._stopping:
-                # The port's function read as an attribute, then called:
-                # read by a method call, a LoopView slot is an attribute
-                # lookup CPython 3.11 does not specialise.
                 poll = view.poll
                 got = poll(view.port)
             elif scheduled:
-                # A timer pending: poll first. A busy loop finds an event
-                # ready, and then the wait's timeout (a clock reading and
-                # a call with two arguments) is not needed; only a wait
-                # that finds nothing, about to sleep, pays for it.
+                # A timer pending: poll first; only a wait about to sleep
+                # pays for the timeout (a clock reading, two arguments).
                 poll = view.poll
                 got = poll(view.port)
                 if not got:
@@ -615,11 +657,8 @@ class Loop(asyncio.SelectorEventLoop):
             else:
                 block = view.block
                 got = block(view.port)
-            # Timers due: the window ends a clock resolution after now
-            # (asyncio reads the clock once the events are dispatched,
-            # here once the wait returned: the same reading, a dispatch
-            # earlier). Known before the dispatch, so that it can tell
-            # whether the ready event is all this iteration runs.
+            # Timers due: the window ends a clock resolution after now, read
+            # once the wait returned (asyncio: a dispatch later).
             if scheduled:
                 if _END_TIME_ULP:
                     now = self.time()
@@ -628,45 +667,31 @@ class Loop(asyncio.SelectorEventLoop):
                     end_time = now + (ulp if ulp > resolution else resolution)
                 else:
                     end_time = self.time() + self._clock_resolution
-                # asyncio's test, "not at or after the window's end", not
-                # "before it": a NaN deadline (call_later(nan)) is neither,
-                # and asyncio runs it as soon as it tops the heap.
+                # asyncio's test: a NaN deadline is not at or after it.
                 due = not scheduled[0]._when >= end_time
             else:
                 due = False
             if got > 0:
-                # One pair comes in the answer itself (its low two bits,
-                # the mask, are not 0); more are in the buffer.
-                # A mask is 1 (read), 2 (write) or 3 (both), never 0: the
-                # tests below use !=, which Python specialises for small
-                # ints, where & is a generic call.
-                mask = got & 3
+                # One pair in the answer itself (mask 1 read, 2 write, 3
+                # both); LoopView.answer decodes any other answer.
+                mask = got & ONE_PAIR
                 if mask == 1:
-                    # One read event, the usual answer: its reader read in
-                    # place, without the key and the writer in locals (a
-                    # local would hold them while the callback runs, see
-                    # below). The key's data by index: a SelectorKey is a
-                    # named tuple, and its field read by name is a generic
-                    # lookup on CPython 3.11 (about 90 instructions more).
-                    # A tag names one registration for good: a KeyError
-                    # means it ended since the wait returned (a signal
-                    # handler, another thread), and the answer is dropped.
+                    # One read, the usual answer: the reader read in place
+                    # (the key's data by index: a named tuple's field by
+                    # name is a generic lookup on 3.11). A KeyError: the
+                    # registration ended since the wait (see _dispatch).
                     try:
-                        reader = view.keys[got >> 2][3][0]
+                        reader = view.keys[got >> TAG_SHIFT][3][0]
                     except KeyError:
                         reader = None
                     if reader is None:
                         pass
                     elif reader._cancelled:
-                        key = view.keys.get(got >> 2)
-                        if key is not None:
-                            self._remove_reader(key.fileobj)
+                        self._dispatch([got >> TAG_SHIFT, 1])   # removes it
                     elif not ready and not due and type(reader) is _PlainHandle:
-                        # The read is all this iteration runs: nothing was
-                        # ready before it and no timer is due after it. Run
-                        # it now, as the run below would, without the round
-                        # trip through the ready queue; what it schedules
-                        # runs next time, as there.
+                        # All this iteration runs (nothing ready before,
+                        # no timer due): run now, without the round trip
+                        # through _ready; what it schedules runs next time.
                         try:
                             args = reader._args
                             if args:   # sock_recv's (future, socket, size)
@@ -680,60 +705,12 @@ class Loop(asyncio.SelectorEventLoop):
                         return
                     else:
                         ready.append(reader)
-                elif mask:
-                    # One write event, or both: the loop below written out
-                    # for one pair, which saves its tuple, iterator and
-                    # loop (writing the dispatch once for both paths cost
-                    # more than the copy: docs/design.md has the figures).
-                    try:
-                        key = view.keys[got >> 2]
-                    except KeyError:
-                        pass
-                    else:
-                        reader, writer = key[3]
-                        if mask != 2 and reader is not None:
-                            if reader._cancelled:
-                                self._remove_reader(key.fileobj)
-                            else:
-                                ready.append(reader)
-                        if writer is not None:
-                            if writer._cancelled:
-                                self._remove_writer(key.fileobj)
-                            else:
-                                ready.append(writer)
+                    reader = None
                 else:
-                    got >>= 2
-                    if got > _PAIRS:
-                        got = view.io_completed(got)
-                    values = iter(view.out[:got << 1].tolist())
-                    if got >= view.room:
-                        view.grow()
-                    keys = view.keys
-                    for tag, mask in zip(values, values):
-                        try:
-                            key = keys[tag]
-                        except KeyError:
-                            continue
-                        reader, writer = key[3]
-                        if mask != 2 and reader is not None:
-                            if reader._cancelled:
-                                self._remove_reader(key.fileobj)
-                            else:
-                                ready.append(reader)
-                        if mask != 1 and writer is not None:
-                            if writer._cancelled:
-                                self._remove_writer(key.fileobj)
-                            else:
-                                ready.append(writer)
-                # The dispatch's references go before callbacks run:
-                # asyncio dispatches in _process_events, whose frame is gone
-                # by then, and CPython's tests check that a failed future
-                # is referenced by nothing else (a reader or writer handle
-                # holds its future).
-                key = reader = writer = None
+                    self._dispatch(view.answer(got) if not mask else
+                                   [got >> TAG_SHIFT, mask])
             elif got:
-                view.raise_for(got)
-
+                view.answer(got)   # raises, unless the wait was interrupted
             if due:
                 while scheduled:
                     handle = scheduled[0]
@@ -742,10 +719,8 @@ class Loop(asyncio.SelectorEventLoop):
                     handle = _heappop(scheduled)
                     handle._scheduled = False
                     ready.append(handle)
-
-            # Run what is ready now; callbacks queued by these run next
-            # time. asyncio's Handle._run, inline: one call frame less per
-            # callback.
+            # Run what is ready now (asyncio's Handle._run inline, one
+            # frame less); callbacks queued by these run next time.
             popleft = ready.popleft
             todo = len(ready)
             while todo:
@@ -754,10 +729,8 @@ class Loop(asyncio.SelectorEventLoop):
                 if handle._cancelled:
                     continue
                 if type(handle) is _PlainHandle or type(handle) is _PlainTimerHandle:
-                    # No *args unpacking for the common shapes: it builds a
-                    # tuple per call (docs/design.md has what it cost).
-                    # Readiness callbacks and task steps take no argument,
-                    # futures' done callbacks one.
+                    # No *args unpacking for no argument (readers, task
+                    # steps) or one (done callbacks): it builds a tuple.
                     try:
                         args = handle._args
                         if not args:
@@ -770,10 +743,8 @@ class Loop(asyncio.SelectorEventLoop):
                         raise
                     except BaseException as exc:  # as Handle._run does
                         _callback_failed(handle, exc)
-                    # The arguments go with the call, as with Handle._run:
-                    # a handle of another class, run below, would otherwise
-                    # run while this frame still holds them (3.14's
-                    # call_soon_threadsafe makes such handles).
+                    # The arguments go with the call, as with Handle._run
+                    # (a handle of another class may run next).
                     args = None
                 else:
                     handle._run()

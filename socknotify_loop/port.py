@@ -10,9 +10,13 @@ registrations are applied and notifications are dequeued in ONE call,
         for key, events in port.process([reg], timeout=1.0):
             ...
 
-This module is the only user of the compiled core (imported through
-``_core_import``, which explains an unbuilt source tree); it turns the
+This module is the only one that imports the compiled core (through
+``_core_import``, which explains an unbuilt source tree) and turns the
 core's error codes into the exceptions ``socket`` and ``selectors`` raise.
+For the selector's hot path it also hands out a few of the core's
+functions themselves (:meth:`Port.select_function`,
+:meth:`Port.wait_functions`, :meth:`Port.change_function`), which the
+selector and the loop then call directly with :attr:`Port.address`.
 """
 from __future__ import annotations
 
@@ -132,11 +136,6 @@ class Change(NamedTuple):
 _REGISTRATION = struct.Struct("=QQHBBI")   # Change fields, then the result
 _NOTIFICATION = struct.Struct("=QI4x")     # key, events
 _RESULT_WORD = 5                           # sn_registration_t.result as the 6th uint32
-_RESULT = struct.Struct("=I")
-_RESULT_OFFSET = 4 * _RESULT_WORD
-# A packed change's result until a select reads it: the core sets every
-# result of the changes it takes (0 or an error code, never this value).
-_UNSEEN = 0xFFFFFFFE
 assert _REGISTRATION.size == ffi.sizeof("sn_registration_t") == 24
 assert _NOTIFICATION.size == ffi.sizeof("sn_notification_t")
 
@@ -508,9 +507,10 @@ class Port:
         return notifications
 
     # -- what a selector built on the port uses ----------------------------------
-    # NotifySelector reaches the C core through these methods and nothing
-    # else: this module is the only one that touches the cffi handle. The
-    # selector lends the port no memory: the port owns the buffers it binds.
+    # NotifySelector reaches the C core through these methods and the
+    # functions three of them hand out; only this module touches the cffi
+    # handle. The selector lends the port no memory: the port owns the
+    # buffers it binds.
 
     def probe(self, fd: int) -> int:
         """0 if ``fd`` passes the backend's cheap registration check (see
@@ -583,48 +583,14 @@ class Port:
 
     def pack_bound_changes(self, changes: Sequence[Tuple[int, int, int, int, int]]) -> None:
         """Write ``changes`` (each a :class:`Change` or its five numbers) at
-        the front of the bound change buffer (the
-        caller made it large enough with :meth:`bind_select_buffers`).
-        Their results are marked unseen until a select reads them: the core
-        writes every result of the changes it takes, so
-        :meth:`unseen_bound_changes` can tell whether one did."""
+        the front of the bound change buffer, for the next call of
+        :meth:`select_function`'s function to carry (the caller made the
+        buffer large enough with :meth:`bind_select_buffers`)."""
         buffer = self._bound_changes
         pack_into = _REGISTRATION.pack_into
         size = _REGISTRATION.size
         for offset, change in zip(range(0, len(changes) * size, size), changes):
-            pack_into(buffer, offset, *change, _UNSEEN)
-
-    def unseen_bound_changes(self, count: int) -> List[Change]:
-        """The first ``count`` changes of the bound buffer if no select has
-        taken them since :meth:`pack_bound_changes` wrote them (one refused
-        as busy or closed, or never called: an exception landed between),
-        else none."""
-        if not count:
-            return []
-        if _RESULT.unpack_from(self._bound_changes, _RESULT_OFFSET)[0] != _UNSEEN:
-            return []
-        return [change for change, _ in self.bound_change_results(count)]
-
-    def bound_change_results(self, count: int) -> List[Tuple[Change, int]]:
-        """The first ``count`` changes of the bound buffer with the result
-        the last select wrote for each."""
-        buffer = self._bound_changes
-        unpack_from = _REGISTRATION.unpack_from
-        size = _REGISTRATION.size
-        results = []
-        for offset in range(0, count * size, size):
-            fd, key, events, op, trigger, result = unpack_from(buffer, offset)
-            results.append((Change(fd, key, events, op, trigger), result))
-        return results
-
-    def unapplied_select_changes(self, code: int) -> List[Change]:
-        """After a select that answered ``-code``: the changes it carried
-        that the port did not apply because the call failed as a whole
-        (their result is ``code``); none for a select that carried no
-        changes, or failed before taking them."""
-        count = lib.sn_port_select_changes(self._handle)
-        return [change for change, result in self.bound_change_results(count)
-                if result == code]
+            pack_into(buffer, offset, *change, 0)
 
     def change_error(self, code: int) -> Exception:
         """The exception for a change refused with ``code``: ValueError on

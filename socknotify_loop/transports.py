@@ -169,11 +169,8 @@ def _set_nodelay(sock: socket.socket) -> None:
 
 def _polling(loop: Any, fd: int, event: int) -> bool:
     """Whether the loop's selector watches ``fd`` for ``event`` (for repr)."""
-    try:
-        key = loop._selector.get_key(fd)
-    except KeyError:
-        return False
-    return bool(key.events & event)
+    key = loop.selector_key(fd)
+    return key is not None and bool(key.events & event)
 
 
 def _set_result_unless_cancelled(waiter: asyncio.Future[None]) -> None:
@@ -564,9 +561,8 @@ class SocketTransport(_Common, asyncio.Transport):
             # one more call per event; here the registration itself is the
             # path). Only its own: before reading starts the socket's
             # registration, if any, is not the transport's.
-            try:
-                key = self._loop._selector.get_key(self._sock_fd)
-            except (KeyError, ValueError, AttributeError):
+            key = self._loop.selector_key(self._sock_fd)
+            if key is None:
                 return
             reader = key.data[0]
             if (reader is not None and not reader._cancelled

@@ -470,7 +470,7 @@ def test_an_answer_lost_to_an_exception_is_reported_again(selector):
         selector.select(0)   # applies everything (and reports it)
         # A wait whose answer nobody reads, as when an exception cuts in.
         fast = selector.loop_view
-        assert fast.select(fast.port, 0, 1000) == 3 << 2   # three pairs, in the buffer
+        assert fast.wait(fast.port, 1000.0) == 3 << 2   # three pairs, in the buffer
         assert ready_fds(selector.select(1)) == {(r.fileno(), READ) for r, _ in pairs}
     finally:
         for reader, writer in pairs:
@@ -513,11 +513,27 @@ def test_the_select_call_takes_float_milliseconds_rounded_up(selector):
     for wanted in (0.25, 2.5):
         start = time.perf_counter()
         fast = selector.loop_view
-        assert fast.select(fast.port, 0, wanted) == 0
+        assert fast.wait(fast.port, wanted) == 0
         assert time.perf_counter() - start >= math.ceil(wanted) / 1000 * 0.9
     start = time.perf_counter()
-    assert fast.select(fast.port, 0, float("nan")) == 0
+    assert fast.wait(fast.port, float("nan")) == 0
     assert time.perf_counter() - start < 0.5
+
+
+def _select_spied(selector, timeout):
+    """``selector.select(timeout)`` and the changes it handed the port
+    (``(fd, key, events, op, trigger)`` each; completion-port backends)."""
+    sent: list = []
+    pack = selector.port.pack_bound_changes
+
+    def spy(changes):
+        sent.extend(tuple(change) for change in changes)
+        pack(changes)
+    selector.port.pack_bound_changes = spy
+    try:
+        return selector.select(timeout), sent
+    finally:
+        del selector.port.pack_bound_changes
 
 
 def test_unregister_then_register_before_select_is_one_change(selector, pair):
@@ -525,18 +541,48 @@ def test_unregister_then_register_before_select_is_one_change(selector, pair):
     next sock_recv adds it back before the loop selects again. Where
     changes ride in the call that waits, the pair is one ENABLE of the
     registration the port still has (an AFD poll in flight keeps serving),
-    under the slot it had; and readiness reaches the new key."""
+    under the tag it had; and readiness reaches the new key."""
     if selector.port.changes_at_once:
         pytest.skip("epoll applies each change at once (test_epoll_oneshot.py)")
     reader, writer = pair
     selector.register(reader, READ, "first")
     selector.select(0)
+    tag = selector._records[reader.fileno()].tag
     selector.unregister(reader)
     selector.register(reader, READ, "second")
-    pending = selector.loop_view.queued
-    assert [change.op for change in pending] == [port_module.OP_ENABLE]
     writer.send(b"x")
-    assert [(key.data, mask) for key, mask in selector.select(2)] == [("second", READ)]
+    ready, sent = _select_spied(selector, 2)
+    assert [(key.data, mask) for key, mask in ready] == [("second", READ)]
+    assert [(change[1], change[3]) for change in sent] == [(tag, port_module.OP_ENABLE)]
+
+
+def test_a_register_then_a_modify_before_select_is_one_enable(selector, pair):
+    """asyncio's connection_made adds a writer and the reader follows
+    before the loop selects: the port hears of one ENABLE with both
+    filters, never two ENABLEs of one registration in one call (which the
+    OS may refuse: "Notifications must not be re-enabled until the
+    SOCK_NOTIFY_EVENT_DISABLE notification is received"). A register and an
+    unregister before the select send nothing at all."""
+    if selector.port.changes_at_once:
+        pytest.skip("epoll applies each change at once, as EpollSelector does")
+    reader, writer = pair
+    other, peer = socket.socketpair()
+    try:
+        selector.register(reader, WRITE, "w")
+        selector.modify(reader, WRITE | READ, "rw")
+        selector.register(other, READ, "gone")
+        selector.unregister(other)
+        writer.send(b"x")
+        ready, sent = _select_spied(selector, 2)
+        assert [(key.data, mask) for key, mask in ready] == [("rw", READ | WRITE)]
+        assert [(change[0], change[3]) for change in sent] == [
+            (reader.fileno(), port_module.OP_ENABLE)]
+        assert sent[0][2] == port_module.EVENT_IN | port_module.EVENT_HANGUP | port_module.EVENT_OUT
+        # Nothing differs any more: the next select sends nothing.
+        assert _select_spied(selector, 0)[1] == []
+    finally:
+        other.close()
+        peer.close()
 
 
 # -- an exception landing anywhere inside a change ------------------------------------------
@@ -587,6 +633,23 @@ def _change_of_a(selector, a, operation_name):
         selector.register(a, READ, "a")
         selector.select(0)
         return lambda: selector.unregister(a)
+    if operation_name == "select":
+        # A select that carries the registration's change (on the
+        # completion ports; on epoll it was made at once) and one's undoing.
+        other, peer = socket.socketpair()
+        selector.register(other, READ, "other")
+        selector.select(0)
+        selector.unregister(other)
+        selector.register(a, WRITE, "a")
+        selector.modify(a, READ, "a")
+
+        def select_and_close():
+            try:
+                selector.select(0)
+            finally:
+                other.close()
+                peer.close()
+        return select_and_close
     selector.register(a, WRITE, "a")
     selector.select(0)
     return lambda: selector.modify(a, READ, "a")
@@ -636,13 +699,14 @@ def _change_interrupted_everywhere(make_selector, filenames, operation_name):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("operation", ["register", "unregister", "modify"])
+@pytest.mark.parametrize("operation", ["register", "unregister", "modify", "select"])
 def test_a_change_interrupted_anywhere_misdirects_nothing(backend, operation):
     """An exception landing at any bytecode of register()/unregister()/
     modify() (a signal handler's, KeyboardInterrupt), before or after the
-    change reached the port: Python's record and the port's agree by the
-    next select, or the difference is harmless; no readiness is ever
-    reported under another registration's key."""
+    change reached the port, or of a select() that carries changes (cut
+    before, while or after it reconciles): Python's record and the port's
+    agree by the next select, or the difference is harmless; no readiness
+    is ever reported under another registration's key."""
     import socknotify_loop.selector as selector_module
     landed = _change_interrupted_everywhere(
         lambda: NotifySelector(backend), (selector_module.__file__, port_module.__file__),

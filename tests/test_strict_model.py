@@ -871,6 +871,64 @@ def test_selector_modify_of_an_armed_ready_registration_is_heard():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("api", ["selector", "loop"])
+def test_a_register_then_a_modify_is_one_enable_of_the_registration(api):
+    """asyncio's connection_made adds a writer and the reader follows
+    before the loop selects again. The port must hear of one ENABLE with
+    both filters: two ENABLEs of one registration in one call are what
+    the OS may refuse ("Notifications must not be re-enabled until the
+    SOCK_NOTIFY_EVENT_DISABLE notification is received"), and the second's
+    refusal would hand the socket to the polyfill while the OS keeps the
+    first's registration. Under SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED: no
+    fallback, both directions reported, and the socket untied once
+    unregistered."""
+    a, b = nonblocking_pair()
+    with a, b:
+        if api == "selector":
+            with NotifySelector("strict") as sel:
+                set_modes(sel.port, lib.SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED)
+                sel.register(a, EVENT_WRITE, "a")
+                sel.modify(a, EVENT_READ | EVENT_WRITE, "a")
+                b.send(b"x")
+                ready = sel.select(5)
+                assert [(key.data, mask) for key, mask in ready] == [
+                    ("a", EVENT_READ | EVENT_WRITE)]
+                assert sel.port.counters()["fallbacks"] == 0
+                sel.unregister(a)
+                assert sel.select(0.1) == []
+                assert control(sel.port, lib.SN_MODEL_TIED, a) == lib.SN_MODEL_UNTIED
+            return
+        loop = Loop(selector=NotifySelector("strict"))
+        try:
+            port = loop._selector.port
+            set_modes(port, lib.SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED)
+
+            async def both() -> list:
+                heard: list = []
+                done = loop.create_future()
+
+                def note(what: str) -> None:
+                    heard.append(what)
+                    if what == "write":
+                        loop.remove_writer(a)
+                    else:
+                        loop.remove_reader(a)
+                    if len(heard) == 2:
+                        done.set_result(None)
+                # One iteration: the writer, then the reader, as a
+                # transport's connection_made and its protocol's reading.
+                loop.add_writer(a, note, "write")
+                loop.add_reader(a, note, "read")
+                b.send(b"x")
+                await asyncio.wait_for(done, 5)
+                return sorted(heard)
+            assert loop.run_until_complete(both()) == ["read", "write"]
+            assert port.counters()["fallbacks"] == 0
+        finally:
+            loop.close()
+
+
+@pytest.mark.timeout(60)
 def test_refused_socket_falls_back_under_a_plain_wait():
     """The OS's wait is a plain GetQueuedCompletionStatusEx: the polyfill's
     packets for a refused socket reach the port as they are, and the port

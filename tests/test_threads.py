@@ -348,6 +348,80 @@ def test_selector_registrations_from_other_threads() -> None:
     assert not wrong, wrong[:10]
 
 
+def _select_in_a_thread(selector: NotifySelector, timeout: float) -> Tuple[threading.Thread,
+                                                                            List[object]]:
+    """A thread blocked in ``selector.select(timeout)``, once its wait is on
+    as far as the port's wait counter tells; and where its answer goes."""
+    answer: List[object] = []
+    waits = selector.port.counters()["waits"]
+    thread = threading.Thread(target=lambda: answer.append(selector.select(timeout)),
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while selector.port.counters()["waits"] == waits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)   # into the kernel's wait (if not, the test only gets easier)
+    return thread, answer
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("change", ["register", "modify"])
+def test_a_change_from_another_thread_reaches_a_waiting_select(backend: str,
+                                                               change: str) -> None:
+    """docs/threads.md: register, modify and unregister may be called from
+    any thread while the loop waits, as with selectors.EpollSelector, where
+    the kernel applies them to the waiting call. A thread blocked in a
+    select of a minute, and a socket that is readable (or writable) at
+    once registered (or modified to WRITE) from another thread: the select
+    returns it, well before its minute is up."""
+    selector = NotifySelector(backend)
+    a, b = nonblocking_pair()
+    try:
+        if change == "modify":
+            selector.register(a, 1, "a")   # EVENT_READ: nothing to read
+            selector.select(0)
+        else:
+            b.send(b"x")
+        thread, answer = _select_in_a_thread(selector, 60)
+        if change == "modify":
+            selector.modify(a, 2, "a")     # EVENT_WRITE: writable at once
+        else:
+            selector.register(a, 1, "a")
+        thread.join(30)
+        assert not thread.is_alive(), f"the select did not see the {change} in 30 s"
+        expected = 2 if change == "modify" else 1
+        assert [(key.data, mask) for key, mask in answer[0]] == [("a", expected)]  # type: ignore[attr-defined]
+    finally:
+        selector.close()
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(90)
+def test_an_unregister_from_another_thread_reaches_a_waiting_select(backend: str) -> None:
+    """The other half: a registration removed from another thread while a
+    select waits is not reported by it, whatever happens to the socket
+    after unregister() returned; a socket registered next is."""
+    selector = NotifySelector(backend)
+    a, b = nonblocking_pair()
+    c, d = nonblocking_pair()
+    try:
+        selector.register(a, 1, "a")
+        selector.select(0)
+        thread, answer = _select_in_a_thread(selector, 60)
+        selector.unregister(a)
+        b.send(b"x")
+        d.send(b"x")
+        selector.register(c, 1, "c")
+        thread.join(30)
+        assert not thread.is_alive(), "the select did not see the register in 30 s"
+        assert [key.data for key, _ in answer[0]] == ["c"]  # type: ignore[attr-defined]
+    finally:
+        selector.close()
+        for sock in (a, b, c, d):
+            sock.close()
+
+
 @pytest.mark.timeout(60)
 def test_second_thread_select_is_refused_cleanly() -> None:
     """Two threads calling select() on one selector at once: one selects,

@@ -388,6 +388,40 @@ def test_ctrl_c_interrupts_a_loop_waiting_on_a_pipe(loop):
         signal.signal(signal.SIGINT, previous)
 
 
+@windows_only
+def test_a_run_cut_right_after_it_set_the_wakeup_fd_leaves_later_runs_working(monkeypatch):
+    """A Ctrl+C landing right after run_forever() pointed the signal wakeup
+    descriptor at the loop's self-pipe must not leave it there: once the
+    loop closed its self-pipe, every later run in the main thread would
+    fail restoring a handle Windows' set_wakeup_fd refuses."""
+    real = signal.set_wakeup_fd
+    cut = []
+
+    def set_then_cut(fd, *args, **kwargs):
+        previous = real(fd, *args, **kwargs)
+        if not cut:
+            cut.append(fd)
+            raise KeyboardInterrupt   # a signal handler's, as the call returns
+        return previous
+
+    loop = socknotify_loop.new_event_loop()
+    try:
+        monkeypatch.setattr(signal, "set_wakeup_fd", set_then_cut)
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(asyncio.sleep(0))
+        monkeypatch.undo()
+    finally:
+        loop.close()
+    assert cut, "the loop did not set the wakeup descriptor"
+    assert signal.set_wakeup_fd(-1) == -1   # nothing left on the closed self-pipe
+    for _ in range(2):
+        again = socknotify_loop.new_event_loop()
+        try:
+            assert again.run_until_complete(asyncio.sleep(0, "ran")) == "ran"
+        finally:
+            again.close()
+
+
 # -- life cycle --------------------------------------------------------------------
 
 @windows_only
