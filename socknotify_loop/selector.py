@@ -337,6 +337,12 @@ class NotifySelector(selectors.BaseSelector):
         if self._token.get("owner") == me:
             del self._token["owner"]
 
+    def _no_select_elsewhere(self) -> bool:
+        """No other thread is inside a select: the token is free, or this
+        thread holds it (and is not selecting, since it is here)."""
+        me = _get_ident()
+        return self._token.get("owner", me) == me
+
     def _wake_the_selecting_thread(self) -> None:
         """The end of a change on the completion-port backends (``_lock``
         held, the descriptor marked): another thread holding the select
@@ -473,7 +479,7 @@ class NotifySelector(selectors.BaseSelector):
         ENABLE back for that event. Not while another thread selects: an
         answer in flight may name the tag."""
         held = self._held.get(fd)
-        if held is not None and self._token.get("owner", _get_ident()) == _get_ident():
+        if held is not None and self._no_select_elsewhere():
             self._held[fd] = (held[0], _RESEND)
             return held[0]
         tag = self._next_tag
