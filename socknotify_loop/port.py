@@ -299,6 +299,8 @@ def _closed_epoll_words() -> str:
     (CPython: "closed epoll object", PyPy: "closed epoll fd"). Asked once,
     of an epoll object made and closed for it; a process out of
     descriptors at that moment gets CPython's words instead of none."""
+    if sys.platform != "linux":
+        raise RuntimeError("no epoll object outside Linux")   # only epoll's port asks
     import select
     try:
         epoll = select.epoll()
@@ -650,7 +652,7 @@ class Port:
         EpollSelector passes it on), asked of ``select.poll``, whose
         register converts the number as epoll's does and holds no kernel
         object; elsewhere (64-bit socket handles) CPython's words."""
-        if self.backend == "epoll":
+        if sys.platform == "linux" and self.backend == "epoll":
             import select
             try:
                 select.poll().register(fd)
