@@ -21,6 +21,7 @@ selector and the loop then call directly with :attr:`Port.address`.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import struct
 import sys
@@ -303,6 +304,27 @@ def backend_info(backend: Optional[str] = None) -> Dict[str, Any]:
     usable, reason = available[name]
     return {"backend": name, "usable": usable, "reason": reason, "available": available}
 
+
+
+@functools.cache
+def _closed_epoll_words() -> str:
+    """What the running interpreter's ``select.epoll`` says once closed
+    (CPython: "closed epoll object", PyPy: "closed epoll fd"). Asked once,
+    of an epoll object made and closed for it; a process out of
+    descriptors at that moment gets CPython's words instead of none."""
+    if sys.platform != "linux":
+        raise RuntimeError("no epoll object outside Linux")   # only epoll's port asks
+    import select
+    try:
+        epoll = select.epoll()
+    except OSError:
+        return "I/O operation on closed epoll object"
+    epoll.close()
+    try:
+        epoll.poll(0)
+    except ValueError as exc:
+        return str(exc)
+    raise RuntimeError("a closed select.epoll object accepted poll()")
 
 class Port:
     """A notification port: one completion port (Windows) or epoll (Linux).
@@ -601,11 +623,27 @@ class Port:
 
     def closed_error(self) -> ValueError:
         """What a call on this closed port raises: the ValueError and the
-        words of the stdlib's poller of the same kind (EpollSelector's
-        closed epoll object on Linux)."""
+        words of the stdlib's poller of the same kind (on Linux, what the
+        running interpreter's closed ``select.epoll`` says, as
+        EpollSelector passes it on)."""
         if self.backend == "epoll":
-            return ValueError("I/O operation on closed epoll object")
+            return ValueError(_closed_epoll_words())
         return ValueError("I/O operation on closed completion port")
+
+    def too_wide_error(self, fd: int) -> OverflowError:
+        """What registering ``fd``, a number too wide for this port, raises:
+        on epoll, the running interpreter's own refusal of it as a file
+        descriptor (CPython and PyPy word it differently, and
+        EpollSelector passes it on), asked of ``select.poll``, whose
+        register converts the number as epoll's does and holds no kernel
+        object; elsewhere (64-bit socket handles) CPython's words."""
+        if sys.platform == "linux" and self.backend == "epoll":
+            import select
+            try:
+                select.poll().register(fd)
+            except OverflowError as exc:
+                return OverflowError(*exc.args)
+        return OverflowError("Python int too large to convert to C int")
 
     def select_error(self, code: int) -> Optional[Exception]:
         """The exception for a select that answered ``-code``: None for a

@@ -434,8 +434,9 @@ class NotifySelector(selectors.BaseSelector):
                 raise self._port.closed_error()
             at_once = self._at_once
             if fd > (_MAX_EPOLL_FD if at_once else _MAX_DESCRIPTOR):
-                # CPython's words: epoll's descriptors are C ints.
-                raise OverflowError("Python int too large to convert to C int")
+                # The interpreter's words for a number its poller cannot
+                # take (epoll's and select()'s descriptors are C ints).
+                raise self._port.too_wide_error(fd)
             if not at_once:
                 code = self._port.probe(fd)
                 if code:

@@ -96,7 +96,13 @@ class Interrupt(KeyboardInterrupt):
 
 
 def _open_fds() -> Optional[int]:
-    """How many descriptors the process has open (Linux), else None."""
+    """How many descriptors the process has open (Linux), else None. On an
+    interpreter without reference counting (PyPy) a socket dropped
+    unclosed is closed by the garbage collector, at its next collection:
+    one runs first there, so that the count is what it would be on
+    CPython at once."""
+    if sys.implementation.name != "cpython":
+        gc.collect()
     try:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
@@ -1718,6 +1724,9 @@ class _TestTransports:
         once meeting no _buffer)."""
         unraisable: List[Any] = []
         made: List[Any] = []
+        # What earlier tests dropped is collected now, not inside the
+        # warnings caught below (on PyPy, collection waits for the collector).
+        gc.collect()
 
         class Told(asyncio.Protocol):
             def connection_made(self, transport: Any) -> None:
@@ -1909,23 +1918,41 @@ class _TestTransports:
             self.stock_fails_too("a view's length is counted in items", failure)
         self.assertEqual(self.loop_exceptions, [])
 
-    def test_a_non_contiguous_memoryview_fails_the_write_as_with_asyncio(self):
-        """A view the socket cannot send (not C-contiguous: every other
-        byte, say) is a fatal write error, BufferError, as asyncio's
-        direct send makes it; nothing of it is sent."""
+    def test_a_non_contiguous_memoryview_is_sent_as_the_socket_sends_it(self):
+        """A view that is not C-contiguous (every other byte, say) goes
+        where the interpreter's own ``socket.send`` takes it, as asyncio's
+        direct send makes it: CPython's refuses it with BufferError, a
+        fatal write error, and nothing of it is sent; PyPy's copies it, and
+        its bytes arrive."""
         self.expect_loop_exceptions = True
+        view = memoryview(b"abcdefgh")[::2]
+        a, b = socket.socketpair()
+        try:
+            a.send(view)
+            refused = False
+        except BufferError:
+            refused = True
+        finally:
+            a.close()
+            b.close()
 
         async def main() -> None:
             server, client, peer = await self.pair()
-            view = memoryview(b"abcdefgh")[::2]
             client.transport.write(view)
-            exc = await asyncio.wait_for(client.lost, 10)
-            self.assertIsInstance(exc, BufferError)
-            self.assertEqual([c["message"] for c in self.loop_exceptions],
-                             ["Fatal write error on socket transport"])
-            self.assertIs(self.loop_exceptions[0]["exception"], exc)
-            await asyncio.wait_for(peer.lost, 10)
-            self.assertEqual(bytes(peer.data), b"")
+            if refused:
+                exc = await asyncio.wait_for(client.lost, 10)
+                self.assertIsInstance(exc, BufferError)
+                self.assertEqual([c["message"] for c in self.loop_exceptions],
+                                 ["Fatal write error on socket transport"])
+                self.assertIs(self.loop_exceptions[0]["exception"], exc)
+                await asyncio.wait_for(peer.lost, 10)
+                self.assertEqual(bytes(peer.data), b"")
+            else:
+                client.transport.close()
+                self.assertIsNone(await asyncio.wait_for(client.lost, 10))
+                await asyncio.wait_for(peer.lost, 10)
+                self.assertEqual(bytes(peer.data), view.tobytes())
+                self.assertEqual(self.loop_exceptions, [])
             server.close()
             await server.wait_closed()
 
