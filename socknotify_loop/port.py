@@ -672,10 +672,25 @@ class Port:
                 self._held = notifications + self._held
 
     def post(self, key: int) -> None:
-        """Queue a packet with ``key``: one waiter receives ``(key, 0)``."""
+        """Queue a packet with ``key``: one waiter receives ``(key, 0)``.
+        (2**64-1 is refused: it is the selector's own wake-up, see
+        :meth:`post_quiet_wakeup`.)"""
         if not isinstance(key, int) or not 0 <= key < _MAX_KEY:
             raise ValueError(f"Invalid key (an integer from 0 to 2**64-2): {key!r}")
         self._check(lib.sn_port_post(self._handle, key), "post failed")
+
+    def post_quiet_wakeup(self) -> None:
+        """Queue a packet that ends a waiting selector's call as a
+        :meth:`post` does, but that :meth:`select_was_posted` does not
+        count: a selector's wake-up of its own (a change made by another
+        thread, which the waiting select takes before it waits again)."""
+        self._check(lib.sn_port_post(self._handle, lib.SN_QUIET_WAKE_KEY), "post failed")
+
+    def select_was_posted(self) -> bool:
+        """Whether the last select of the bound buffers dequeued a packet of
+        :meth:`post` (any but :meth:`post_quiet_wakeup`'s): a caller's
+        wake-up, which ends the select."""
+        return bool(lib.sn_port_select_posted(self._handle))
 
 
 def _pack(changes: Sequence[Change]) -> bytearray:

@@ -198,6 +198,12 @@ class _SelectorMapping(Mapping[Any, SelectorKey]):
         return iter(self._selector._records)
 
 
+
+def _carries_io(got: int) -> bool:
+    """Whether a select call's positive answer carried I/O completion keys
+    (the encoding: ``sn_port_select`` in ``socknotify.h``)."""
+    return not got & ONE_PAIR and (got >> TAG_SHIFT) > _PAIRS
+
 class NotifySelector(selectors.BaseSelector):
     """A selector on one notification :class:`~socknotify_loop.port.Port`.
 
@@ -356,7 +362,7 @@ class NotifySelector(selectors.BaseSelector):
             return
         self._woken = True
         try:
-            self._port.post(WAKEUP_KEY)
+            self._port.post_quiet_wakeup()
         except ValueError:
             pass   # the port is closed: nobody waits on it any more
 
@@ -725,34 +731,36 @@ class NotifySelector(selectors.BaseSelector):
             had_token = self._token.get("owner") == me
             if not had_token and not self._take_token(me):
                 raise RuntimeError("select() is already running in another thread")
-            values = self._wait(wait, deadline)
-            keys = self._keys
-            # Looked up before the token goes back (then another thread's
-            # register() may continue a tag); masked with the key read now,
-            # as EpollSelector does (a modify() may have come since).
-            return [(key, ready) for tag, mask in zip(values[::2], values[1::2])
-                    if (key := keys.get(tag)) is not None and (ready := mask & key.events)]
+            return self._wait(wait, deadline)
         finally:
             if not had_token:
                 self._give_token(me)
 
-    def _wait(self, wait: float, deadline: float | None) -> list[int]:
-        """select()'s waits (the token held): the pairs of the first answer
-        that has any, or none once the time is up. A wait that ends with
-        nothing before its time goes on for the time left when a signal
+    def _wait(self, wait: float, deadline: float | None) -> list[tuple[SelectorKey, int]]:
+        """select()'s waits (the token held): the ready keys of the first
+        answer that has any, or none once the time is up. A wait that ends
+        with nothing to report before its time goes on for the time left:
+        when its pairs all named registrations changed since their events
+        were queued (another thread's unregister() or modify(), which
+        EpollSelector's waiting call never reports), when a signal
         cut it short and its Python handler did not raise (PEP 475, as the
         stdlib selectors do: the core returns so that the handler runs), or
-        when changes came from another thread meanwhile (their wake-up
-        ended it); not for a plain wake-up (WAKEUP_KEY)."""
+        when the selector's own wake-up ended it (changes came from another
+        thread meanwhile: the next wait takes them); not for a packet of
+        ``port.post()`` (WAKEUP_KEY), even one dequeued with that wake-up."""
         view = self._view
         while True:
             got = view.flush(wait) if view.pending else view.wait(view.port, wait)
             if got > 0:
-                return self._answer(got)
-            if got < 0:
+                ready = self._ready(self._answer(got))
+                if ready or _carries_io(got):
+                    # Ready keys, or I/O completions handed to their
+                    # handler: the caller's loop runs what they scheduled.
+                    return ready
+            elif got < 0:
                 self._answer(got)          # raises, unless the wait was interrupted
-            elif not view.pending:
-                return []                  # the time is up, or a wake-up
+            if got >= 0 and self._port.select_was_posted():
+                return []                  # a caller's wake-up
             if wait == 0:
                 return []
             if deadline is not None:
@@ -760,6 +768,15 @@ class NotifySelector(selectors.BaseSelector):
                 if left <= 0:
                     return []
                 wait = left * 1e3
+
+    def _ready(self, values: list[int]) -> list[tuple[SelectorKey, int]]:
+        """The answer's pairs as ready keys (the token held). Looked up
+        before the token goes back (then another thread's register() may
+        continue a tag); masked with the key read now, as EpollSelector
+        does (a modify() may have come since)."""
+        keys = self._keys
+        return [(key, ready) for tag, mask in zip(values[::2], values[1::2])
+                if (key := keys.get(tag)) is not None and (ready := mask & key.events)]
 
     # -- life cycle ----------------------------------------------------------------------
 

@@ -507,6 +507,46 @@ def test_posted_packet_wakes_a_blocked_select(selector, pair):
     assert not waiter.is_alive() and results == [[]]
 
 
+def test_the_selectors_own_wakeup_does_not_end_a_select(selector):
+    """The wake-up the selector posts for a change made by another thread
+    makes a waiting select() take that change and wait again, for the
+    time left: alone, it never ends the select (it may come late, after
+    the select it was meant for ended: the next one must not return early
+    for it)."""
+    selector.port.post_quiet_wakeup()
+    start = time.monotonic()
+    assert selector.select(0.3) == []
+    # Not at once, as it returned before; the bound leaves room for the
+    # clock's resolution (Windows' monotonic clock ticks in 15.6 ms).
+    assert time.monotonic() - start >= 0.25
+    assert selector.port.select_was_posted() is False
+
+
+def test_a_callers_post_dequeued_with_the_selectors_wakeup_ends_the_select(selector):
+    """Both packets come out of one wait (both were queued before it): the
+    caller's post still ends the select, as it would alone; before, the
+    select took the pair for its own wake-up and waited on."""
+    from socknotify_loop.selector import WAKEUP_KEY
+    for first_the_callers in (False, True):
+        if first_the_callers:
+            selector.port.post(WAKEUP_KEY)
+        selector.port.post_quiet_wakeup()
+        if not first_the_callers:
+            selector.port.post(WAKEUP_KEY)
+        results = []
+        waiter = threading.Thread(
+            target=lambda results=results: results.append(selector.select(30)))
+        waiter.start()
+        waiter.join(20)
+        assert not waiter.is_alive() and results == [[]], first_the_callers
+        assert selector.port.select_was_posted() is True
+
+
+def test_the_quiet_wakeup_key_is_refused_to_post(selector):
+    with pytest.raises(ValueError, match="Invalid key"):
+        selector.port.post(2**64 - 1)
+
+
 def test_the_select_call_takes_float_milliseconds_rounded_up(selector):
     """The loop hands sn_port_select() its timeout as float milliseconds:
     a fraction waits the whole next millisecond (never a poll that would

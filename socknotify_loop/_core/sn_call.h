@@ -62,6 +62,7 @@ typedef struct sn_sink {
     uint32_t n;                 /* notifications, or pairs, stored */
     uint32_t io;                /* select(): I/O keys, stored from the back */
     int woken;                  /* select(): a posted packet arrived */
+    int posted;                 /* select(): one not under SN_QUIET_WAKE_KEY */
 } sn_sink_t;
 
 /* The selector mask of delivered events, as selectors.EpollSelector

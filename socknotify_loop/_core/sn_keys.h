@@ -32,8 +32,9 @@
  *                                          wake epoll_wait
  *
  * Keys the CALLER may use: any 64-bit value for registrations; for
- * sn_port_post(), any value (the Python layer reserves 2**64-1 for nothing
- * and refuses it only to keep one value free for future use).
+ * sn_port_post(), any value but SN_QUIET_WAKE_KEY (2**64-1, socknotify.h),
+ * the selector's own wake-up, which sn_port_select_posted() does not
+ * count as the caller's (Port.post refuses it).
  */
 #ifndef SN_KEYS_H
 #define SN_KEYS_H

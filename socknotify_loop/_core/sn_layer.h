@@ -59,6 +59,8 @@ typedef struct sn_layer {
     uint32_t batch_serial;
     /* The count of bound changes the last select carried (sn_port_select_changes). */
     uint32_t last_select_count;
+    /* Whether the last select dequeued a caller's post (sn_port_select_posted). */
+    int last_select_posted;
 
     /* The selector's buffers (sn_port_bind), owned by the caller. */
     sn_registration_t *bound_changes;

@@ -107,6 +107,8 @@ static uint32_t sn__deliver(sn_layer_t *port, const sn_kevent_t *events,
                 sink->out[sink->cap - sink->io] = ev->key;
             } else {
                 sink->woken = 1;   /* a wake-up: the select returns */
+                if (ev->key != SN_QUIET_WAKE_KEY)
+                    sink->posted = 1;   /* ... and it was the caller's */
             }
             continue;
         }

@@ -64,6 +64,12 @@ int sn_port_bind(sn_port_t *handle, sn_registration_t *changes, uint32_t changes
     return 0;
 }
 
+int sn_port_select_posted(sn_port_t *handle) {
+    sn_layer_t *port = sn__layer(handle);
+    /* Written by the selecting thread only, read by it after its select. */
+    return port->last_select_posted;
+}
+
 uint32_t sn_port_select_changes(sn_port_t *handle) {
     sn_layer_t *port = sn__layer(handle);
     /* Written by the selecting thread only, read by it after its select. */
@@ -126,6 +132,7 @@ int64_t sn_port_select(sn_port_t *handle, uint32_t count, double timeout_ms) {
         memmove(sink.out + 2 * sink.n, sink.out + sink.cap - sink.io,
                 (size_t)sink.io * sizeof *sink.out);
 out:
+    port->last_select_posted = sink.posted;
     sn_atomic_store(&port->selecting, 0);
     sn__leave(&port->base);
     if (err != 0 && err != SN_ERROR_INTERRUPTED)

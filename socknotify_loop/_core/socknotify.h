@@ -229,6 +229,15 @@ int64_t sn_port_block_at(uintptr_t port);
 int64_t sn_port_wait_at(uintptr_t port, double timeout_ms);
 uintptr_t sn_port_address(sn_port_t *port);
 #define SN_SELECT_ONE_MAX_KEY  0x1FFFFFFFFFFFFFFF
+/* A packet posted under this key (sn_port_post) ends a waiting
+   sn_port_select() as any posted packet does, but is not a caller's:
+   sn_port_select_posted() tells the two apart. The selector posts it to
+   make a thread waiting in select() take a change made by another thread,
+   after which that select waits again; a caller's post makes it return. */
+#define SN_QUIET_WAKE_KEY      0xFFFFFFFFFFFFFFFF
+/* 1 when the last sn_port_select() dequeued a packet posted under another
+   key than SN_QUIET_WAKE_KEY, else 0. */
+int sn_port_select_posted(sn_port_t *port);
 /* How many bound changes the last sn_port_select() carried (0 if it
    failed before taking them): after a select that failed as a whole, its
    caller reads their results (each the call's error when it was not
