@@ -132,7 +132,7 @@ _Static_assert(SN_TRIGGER_ONESHOT == SOCK_NOTIFY_TRIGGER_ONESHOT &&
 #define IOCP_STACK_REGS 32
 #define IOCP_STACK_ENTRIES 128
 /* The first part of a wait whose call carries the port's own re-arms
-   (ms): see sn_iocp_process. */
+   (ms): see iocp__apply_and_wait. */
 #define IOCP_REARM_WAIT_MS 10
 
 /* ----------------------------------------------------------------- the port */
@@ -354,37 +354,18 @@ static int iocp__isolate(sn_port_t *port, iocp_port_t *ip, sn_registration_t *re
     return 0;
 }
 
-int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
-                         int64_t timeout_ms, sn_kevent_t *events, uint32_t max_events,
-                         uint32_t *received, uint32_t *dropped) {
-    iocp_port_t *ip = port->impl;
-    SOCK_NOTIFY_REGISTRATION stack_regs[IOCP_STACK_REGS];
-    OVERLAPPED_ENTRY stack_entries[IOCP_STACK_ENTRIES];
-    uint8_t stack_routed[IOCP_STACK_REGS];
-    SOCK_NOTIFY_REGISTRATION *kregs = stack_regs;
-    OVERLAPPED_ENTRY *entries = stack_entries;
-    uint8_t *routed = stack_routed;
-    iocp_buffer_t *buf = NULL;
-    UINT32 got = 0, j, wait;
-    DWORD rc, result;
+/* The caller's registrations as the kernel's (the port's function's), and
+   where each goes: a socket the polyfill serves has its change applied
+   there now (`routed`), its verdict read at once, and the wait turned
+   into a poll (*timeout_ms 0) when that verdict is news; *rearms is set
+   when the batch carries the port's own re-arms. Returns 1 if a change
+   whose failure its owner must hear before any wait is in the batch. */
+static int iocp__translate(iocp_port_t *ip, sn_registration_t *regs,
+                           SOCK_NOTIFY_REGISTRATION *kregs, uint8_t *routed, uint32_t count,
+                           int64_t *timeout_ms, int *rearms) {
     uint32_t i;
-    int err = 0, verdict_first = 0, refused = 0, reenabled = 0, rearms = 0, split = 0;
-    int64_t deadline = 0;
-
-    *received = 0;
-    *dropped = 0;
-    if (count > IOCP_STACK_REGS || max_events > IOCP_STACK_ENTRIES) {
-        buf = sn_iocp_buf_take(&ip->buffers, count > IOCP_STACK_REGS ? count : 0,
-                               max_events > IOCP_STACK_ENTRIES ? max_events : 0);
-        if (buf == NULL)
-            return SN_ERROR_NO_MEMORY;
-        if (count > IOCP_STACK_REGS) {
-            kregs = buf->regs;
-            routed = buf->routed;
-        }
-        if (max_events > IOCP_STACK_ENTRIES)
-            entries = buf->entries;
-    }
+    DWORD result;
+    int verdict_first = 0;
     for (i = 0; i < count; i++) {
         kregs[i].socket = (SOCKET)regs[i].socket;
         kregs[i].completionKey = (PVOID)(uintptr_t)regs[i].key;
@@ -402,10 +383,10 @@ int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
             regs[i].result = (uint32_t)result;
             routed[i] = 1;
             if (result != 0 && sn__failure_is_news(&regs[i]))
-                timeout_ms = 0;
+                *timeout_ms = 0;
         } else if (regs[i].op == SN_OP_ENABLE && (regs[i].trigger & SN_TRIGGER_REARM)) {
             if (!ip->fn->polyfill)
-                rearms = 1;
+                *rearms = 1;
         } else if (sn__failure_is_news(&regs[i]) &&
                    (regs[i].op != SN_OP_ENABLE || !ip->fn->polyfill)) {
             /* A change whose failure its owner must hear before any wait:
@@ -418,100 +399,117 @@ int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
             verdict_first = 1;
         }
     }
+    return verdict_first;
+}
 
-    if (verdict_first && max_events != 0 && timeout_ms != 0) {
-        /* A caller's change may be refused: hear it before waiting. */
-        SN_COUNT(port, SN_COUNT_WAITS);
-        rc = ip->fn->process(ip->iocp, count, kregs, 0, 0, NULL, NULL);
-        if (iocp__whole_call_failed(rc)) {
-            /* "The entire operation failed, and no changes occurred": find
-               the registration that makes it fail. */
-            if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc,
-                                     &refused)) != 0)
-                goto out;
-            if (refused)
-                timeout_ms = 0;
-        } else if (iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled)) {
-            timeout_ms = 0;
-        }
-        count = 0;
+/* A caller's change may be refused: the batch applied in a call of its
+   own that does not wait, so that its owner hears of a refusal before the
+   wait (*timeout_ms turned to 0: a poll). Returns the error of a port
+   that fails (iocp__isolate), else 0. */
+static int iocp__apply_first(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
+                             SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
+                             uint32_t count, int64_t *timeout_ms) {
+    DWORD rc;
+    int err, refused = 0, reenabled = 0;
+    SN_COUNT(port, SN_COUNT_WAITS);
+    rc = ip->fn->process(ip->iocp, count, kregs, 0, 0, NULL, NULL);
+    if (iocp__whole_call_failed(rc)) {
+        /* "The entire operation failed, and no changes occurred": find
+           the registration that makes it fail. */
+        if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc, &refused)) != 0)
+            return err;
+        if (refused)
+            *timeout_ms = 0;
+    } else if (iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled)) {
+        *timeout_ms = 0;
     }
+    return 0;
+}
 
-    /* THE call: registrations (the caller's, then re-arms) and the wait, in one.
-       The OS may refuse a re-arm too (nothing promises it takes every
-       ENABLE of a registration it holds), and a refusal is known only
-       after the call's wait; the polyfill that takes the socket over then
-       cannot shorten a wait that is over. Applying the re-arms in a call
-       of their own first would cost a kernel transition at every wait
-       that follows a delivery. So such a wait is cut in two: the call that
-       carries the re-arms waits IOCP_REARM_WAIT_MS at most, then a call
-       with nothing to apply waits for the time left. A loop with work
-       pays nothing (its events end the first part); an idle one, one more
-       wake-up per wait; a refused re-arm, at most that much delay. */
-    wait = iocp__timeout(timeout_ms);
+/* THE call: registrations (the caller's, then re-arms) and the wait, in one.
+   Returns the call's status; *got is how many entries it dequeued.
+   The OS may refuse a re-arm too (nothing promises it takes every
+   ENABLE of a registration it holds), and a refusal is known only
+   after the call's wait; the polyfill that takes the socket over then
+   cannot shorten a wait that is over. Applying the re-arms in a call
+   of their own first would cost a kernel transition at every wait
+   that follows a delivery. So such a wait is cut in two: the call that
+   carries the re-arms waits IOCP_REARM_WAIT_MS at most (*split set, and
+   *deadline for a finite wait), then a call with nothing to apply waits
+   for the time left (sn_iocp_process). A loop with work pays nothing (its
+   events end the first part); an idle one, one more wake-up per wait; a
+   refused re-arm, at most that much delay. */
+static DWORD iocp__apply_and_wait(sn_port_t *port, iocp_port_t *ip,
+                                  SOCK_NOTIFY_REGISTRATION *kregs, uint32_t count,
+                                  int64_t timeout_ms, int rearms, uint32_t max_events,
+                                  OVERLAPPED_ENTRY *entries, UINT32 *got, int *split,
+                                  int64_t *deadline) {
+    UINT32 wait = iocp__timeout(timeout_ms);
     if (rearms && count != 0 && !ip->fn->polyfill && max_events != 0 &&
         (timeout_ms < 0 || timeout_ms > IOCP_REARM_WAIT_MS)) {
         if (timeout_ms > 0)
-            deadline = sn_deadline(timeout_ms);
+            *deadline = sn_deadline(timeout_ms);
         wait = IOCP_REARM_WAIT_MS;
-        split = 1;
+        *split = 1;
     }
     SN_COUNT(port, SN_COUNT_WAITS);
     if (max_events == 0) {
         /* PSN's rule: no room for entries means no wait at all. */
-        rc = ip->fn->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
-    } else {
-        rc = ip->fn->process(ip->iocp, count, count ? kregs : NULL, wait, max_events, entries,
-                         &got);
+        return ip->fn->process(ip->iocp, count, count ? kregs : NULL, 0, 0, NULL, NULL);
     }
-    if (count != 0) {
-        if (iocp__whole_call_failed(rc)) {
-            /* Nothing was applied, nor waited for: each registration
-               alone, then (unless the port itself fails: the port layer
-               keeps every record as it was, SN_RESULT_UNAPPLIED, and the
-               call fails) a poll for what is at hand. The caller then
-               hears at once of the change that failed. */
-            if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, rc,
-                                     &refused)) != 0)
-                goto out;
-            split = 0;    /* the wait below is the whole of it */
-            SN_COUNT(port, SN_COUNT_WAITS);
-            rc = max_events == 0
-                     ? ip->fn->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL)
-                     : ip->fn->process(ip->iocp, 0, NULL, refused ? 0 : iocp__timeout(timeout_ms),
-                                   max_events, entries, &got);
-        } else {
-            iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled);
-            if (reenabled && max_events > got &&
-                (rc == ERROR_SUCCESS || rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)) {
-                /* A modify applied only after this call dequeued: what it
-                   asks for may be at hand already, so look once more. */
-                UINT32 more = 0;
-                SN_COUNT(port, SN_COUNT_WAITS);
-                if (ip->fn->process(ip->iocp, 0, NULL, 0, max_events - got, entries + got,
-                                &more) == ERROR_SUCCESS && more != 0) {
-                    got += more;
-                    rc = ERROR_SUCCESS;
-                }
-            }
+    return ip->fn->process(ip->iocp, count, count ? kregs : NULL, wait, max_events, entries,
+                           got);
+}
+
+/* The verdicts of THE call that carried registrations (`count` of them),
+   whose status is *rc: read back into the caller's records, or, if the
+   call failed as a whole, found registration by registration and the
+   wait made again. *rc and *got become those of the last wait; *split is
+   cleared when that wait was the whole of it. Returns the error of a
+   port that fails (iocp__isolate), else 0. */
+static int iocp__wait_verdicts(sn_port_t *port, iocp_port_t *ip, sn_registration_t *regs,
+                               SOCK_NOTIFY_REGISTRATION *kregs, const uint8_t *routed,
+                               uint32_t count, int64_t timeout_ms, uint32_t max_events,
+                               OVERLAPPED_ENTRY *entries, DWORD *rc, UINT32 *got, int *split) {
+    int err, refused = 0, reenabled = 0;
+    if (iocp__whole_call_failed(*rc)) {
+        /* Nothing was applied, nor waited for: each registration
+           alone, then (unless the port itself fails: the port layer
+           keeps every record as it was, SN_RESULT_UNAPPLIED, and the
+           call fails) a poll for what is at hand. The caller then
+           hears at once of the change that failed. */
+        if ((err = iocp__isolate(port, ip, regs, kregs, routed, count, *rc, &refused)) != 0)
+            return err;
+        *split = 0;    /* the wait below is the whole of it */
+        SN_COUNT(port, SN_COUNT_WAITS);
+        *rc = max_events == 0
+                  ? ip->fn->process(ip->iocp, 0, NULL, 0, 0, NULL, NULL)
+                  : ip->fn->process(ip->iocp, 0, NULL, refused ? 0 : iocp__timeout(timeout_ms),
+                                    max_events, entries, got);
+        return 0;
+    }
+    iocp__verdicts(port, ip, regs, kregs, routed, count, &reenabled);
+    if (reenabled && max_events > *got &&
+        (*rc == ERROR_SUCCESS || *rc == WAIT_TIMEOUT || *rc == ERROR_TIMEOUT)) {
+        /* A modify applied only after this call dequeued: what it
+           asks for may be at hand already, so look once more. */
+        UINT32 more = 0;
+        SN_COUNT(port, SN_COUNT_WAITS);
+        if (ip->fn->process(ip->iocp, 0, NULL, 0, max_events - *got, entries + *got,
+                            &more) == ERROR_SUCCESS && more != 0) {
+            *got += more;
+            *rc = ERROR_SUCCESS;
         }
     }
-    if (split && got == 0 && (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)) {
-        /* The rest of a wait cut in two (above), with every verdict known
-           and a refused re-arm's socket in the polyfill's care. */
-        int64_t left = timeout_ms < 0 ? -1 : sn_time_left(deadline);
-        if (left != 0) {
-            SN_COUNT(port, SN_COUNT_WAITS);
-            rc = ip->fn->process(ip->iocp, 0, NULL, iocp__timeout(left), max_events, entries,
-                             &got);
-        }
-    }
-    if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
-        goto out;        /* *received stays 0 */
-    if (rc != ERROR_SUCCESS) {
-        err = (int)rc;
-        goto out;
-    }
+    return 0;
+}
+
+/* The `got` dequeued entries as kernel events: the polyfill's own packets
+   taken out first, then every packet that is no event dropped (*dropped
+   counts both, *received the events). */
+static void iocp__deliver(iocp_port_t *ip, OVERLAPPED_ENTRY *entries, UINT32 got,
+                          sn_kevent_t *events, uint32_t *received, uint32_t *dropped) {
+    UINT32 j;
     if (!ip->fn->polyfill) {
         /* The polyfill's packets came out of the OS's wait: its own. (The
            strict model's wait leaves them to this line too, as the OS's
@@ -528,6 +526,71 @@ int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
         else
             (*dropped)++;
     }
+}
+
+int sn_iocp_process(sn_port_t *port, sn_registration_t *regs, uint32_t count,
+                         int64_t timeout_ms, sn_kevent_t *events, uint32_t max_events,
+                         uint32_t *received, uint32_t *dropped) {
+    iocp_port_t *ip = port->impl;
+    SOCK_NOTIFY_REGISTRATION stack_regs[IOCP_STACK_REGS];
+    OVERLAPPED_ENTRY stack_entries[IOCP_STACK_ENTRIES];
+    uint8_t stack_routed[IOCP_STACK_REGS];
+    SOCK_NOTIFY_REGISTRATION *kregs = stack_regs;
+    OVERLAPPED_ENTRY *entries = stack_entries;
+    uint8_t *routed = stack_routed;
+    iocp_buffer_t *buf = NULL;
+    UINT32 got = 0;
+    DWORD rc;
+    int err = 0, verdict_first, rearms = 0, split = 0;
+    int64_t deadline = 0;
+
+    *received = 0;
+    *dropped = 0;
+    if (count > IOCP_STACK_REGS || max_events > IOCP_STACK_ENTRIES) {
+        buf = sn_iocp_buf_take(&ip->buffers, count > IOCP_STACK_REGS ? count : 0,
+                               max_events > IOCP_STACK_ENTRIES ? max_events : 0);
+        if (buf == NULL)
+            return SN_ERROR_NO_MEMORY;
+        if (count > IOCP_STACK_REGS) {
+            kregs = buf->regs;
+            routed = buf->routed;
+        }
+        if (max_events > IOCP_STACK_ENTRIES)
+            entries = buf->entries;
+    }
+    verdict_first = iocp__translate(ip, regs, kregs, routed, count, &timeout_ms, &rearms);
+
+    if (verdict_first && max_events != 0 && timeout_ms != 0) {
+        /* A caller's change may be refused: hear it before waiting. */
+        if ((err = iocp__apply_first(port, ip, regs, kregs, routed, count, &timeout_ms)) != 0)
+            goto out;
+        count = 0;
+    }
+
+    rc = iocp__apply_and_wait(port, ip, kregs, count, timeout_ms, rearms, max_events, entries,
+                              &got, &split, &deadline);
+    if (count != 0 &&
+        (err = iocp__wait_verdicts(port, ip, regs, kregs, routed, count, timeout_ms, max_events,
+                                   entries, &rc, &got, &split)) != 0)
+        goto out;
+    if (split && got == 0 && (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)) {
+        /* The rest of a wait cut in two (iocp__apply_and_wait), with every
+           verdict known and a refused re-arm's socket in the polyfill's
+           care. */
+        int64_t left = timeout_ms < 0 ? -1 : sn_time_left(deadline);
+        if (left != 0) {
+            SN_COUNT(port, SN_COUNT_WAITS);
+            rc = ip->fn->process(ip->iocp, 0, NULL, iocp__timeout(left), max_events, entries,
+                             &got);
+        }
+    }
+    if (rc == WAIT_TIMEOUT || rc == ERROR_TIMEOUT)
+        goto out;        /* *received stays 0 */
+    if (rc != ERROR_SUCCESS) {
+        err = (int)rc;
+        goto out;
+    }
+    iocp__deliver(ip, entries, got, events, received, dropped);
 out:
     if (buf != NULL)
         sn_iocp_buf_give(&ip->buffers, buf);

@@ -415,8 +415,6 @@ static DWORD model__tie(HANDLE iocp, const model_port_t *mp,
     return 0;
 }
 
-/* Apply one caller registration (model lock held): the model's rules,
-   then the polyfill, register-only. */
 /* A registration closesocket() ended (model lock held). In
    SN_MODEL_MODE_STALE_AFTER_CLOSE an armed one leaves a notification
    queued under its key, as one queued just before the close would be:
@@ -446,11 +444,188 @@ static void model__overwritten(model_reg_t *r) {
     model__drop(r);
 }
 
-static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATION *reg) {
-    model_reg_t *r = model__find(reg->socket);
+/* ENABLE of a socket the model holds no registration of (model lock
+   held): a new one, under the caller's key, once the polyfill has taken
+   it. `high`: the edge bits already risen. Sets *out to the new
+   registration; returns 0, or the error the ENABLE fails with. */
+static DWORD model__enable_new(HANDLE iocp, const model_port_t *mp,
+                               const SOCK_NOTIFY_REGISTRATION *reg, uint8_t high,
+                               model_reg_t **out) {
+    SOCK_NOTIFY_REGISTRATION poly = *reg;
+    model_reg_t *r;
+    DWORD error;
+    r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return ERROR_NOT_ENOUGH_MEMORY;
+    r->socket = reg->socket;
+    r->serial = mp->serial;
+    r->port_alive = 1;
+    r->key = (ULONG_PTR)reg->completionKey;
+    model__fingerprint(reg->socket, &r->name, &r->name_len, &r->peer, &r->peer_len,
+                       &r->type);
+    poly.completionKey = (PVOID)r->key;
+    {
+        /* Filled in only if the polyfill accepts. */
+        model_reg_t probe = *r;
+        probe.filter = reg->eventFilter;
+        probe.trigger = reg->triggerFlags;
+        probe.high = high;
+        model__poly_enable(&probe, &poly);
+    }
+    /* Room in the table first: nothing may fail once the
+       polyfill has the registration. */
+    if ((error = (DWORD)sn_hash_reserve(&model__table)) == 0 &&
+        (error = model__afd(iocp, 1, &poly, 0, 0, NULL,
+                                                     NULL)) == 0)
+        error = poly.registrationResult;
+    if (error != 0) {
+        free(r);
+        return error;
+    }
+    sn_hash_put(&model__table, (uint64_t)r->socket, (uint64_t)(uintptr_t)r);
+    *out = r;
+    return 0;
+}
+
+/* ENABLE of a socket the model holds registration `r` of, at this port
+   (model lock held). `high`: the edge bits already risen. Returns 0, or
+   the error the ENABLE fails with. */
+static DWORD model__enable_again(HANDLE iocp, const model_port_t *mp,
+                                 const SOCK_NOTIFY_REGISTRATION *reg, const model_reg_t *r,
+                                 uint8_t high) {
+    SOCK_NOTIFY_REGISTRATION poly = *reg;
+    DWORD error;
+    /* Rule 1: whatever key the caller gives, the first one stays. */
+    model_reg_t probe = *r;
+    if ((mp->modes & SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED) && r->armed &&
+        r->state == MODEL_LIVE)
+        return MODEL_ERR_ARMED;
+    if ((mp->modes & SN_MODEL_MODE_QUEUED_BEFORE_MODIFY) && r->armed &&
+        r->state == MODEL_LIVE) {
+        /* What an armed registration whose socket is ready has
+           queued already stays queued: delivered after this
+           ENABLE, with the events of the filter it replaces (the
+           polyfill would filter a completed poll with the new). */
+        uint8_t ready = model__ready(r->socket, r->filter);
+        if (model__is_edge(r))
+            ready &= (uint8_t)~r->high;
+        if (ready != 0)
+            PostQueuedCompletionStatus(iocp, MODEL_QUEUED | ready, r->key, NULL);
+    }
+    probe.filter = reg->eventFilter;
+    probe.trigger = reg->triggerFlags;
+    probe.high = high;
+    model__poly_enable(&probe, &poly);
+    if ((error = model__afd(iocp, 1, &poly, 0, 0, NULL,
+                                                     NULL)) == 0)
+        error = poly.registrationResult;
+    return error;
+}
+
+/* An ENABLE (model lock held; `r`: the socket's registration, if the
+   model holds one). */
+static DWORD model__enable(HANDLE iocp, model_port_t *mp, const SOCK_NOTIFY_REGISTRATION *reg,
+                           model_reg_t *r) {
+    uint8_t high = 0;
+    DWORD error;
+    int type;
+    if ((error = model__check_enable(reg)) != 0)
+        return error;
+    if (!model__is_socket(reg->socket, &type))
+        return WSAENOTSOCK;
+    if (model__is_refused(reg->socket))
+        return MODEL_ERR_PROVIDER;
+    if (r != NULL && (r->serial != mp->serial || !r->port_alive)) {
+        if (!(mp->modes & SN_MODEL_MODE_ENABLE_OVERWRITES))
+            return MODEL_ERR_TIED;
+        /* "Re-registering ... overwrites the existing registration":
+           the other port's registration ends, silently (its port
+           hears nothing more of the socket), and this one begins --
+           unless the socket's handle is associated with that port
+           (SN_MODEL_MODE_TIES_SOCKET), which CreateIoCompletionPort
+           refuses to undo. */
+        if ((mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
+            (error = model__tie(iocp, mp, reg)) != 0)
+            return error;
+        model__overwritten(r);
+        r = NULL;
+    }
+    if (reg->triggerFlags & SOCK_NOTIFY_TRIGGER_EDGE)
+        high = model__ready(reg->socket, reg->eventFilter);
+    if (r == NULL && (mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
+        (error = model__tie(iocp, mp, reg)) != 0)
+        return error;
+    if (r == NULL)
+        error = model__enable_new(iocp, mp, reg, high, &r);
+    else
+        error = model__enable_again(iocp, mp, reg, r, high);
+    if (error != 0)
+        return error;
+    r->filter = reg->eventFilter;
+    r->trigger = reg->triggerFlags;
+    r->high = high;
+    r->edge_dirty = 0;
+    r->armed = 1;
+    r->state = MODEL_LIVE;
+    return 0;
+}
+
+/* A DISABLE or a REMOVE (model lock held; `r`: the socket's registration,
+   if the model holds one). */
+static DWORD model__disable(HANDLE iocp, model_port_t *mp, const SOCK_NOTIFY_REGISTRATION *reg,
+                            model_reg_t *r) {
     SOCK_NOTIFY_REGISTRATION poly = *reg;
     DWORD error;
     int type;
+    if (reg->operation == SOCK_NOTIFY_OP_DISABLE &&
+        (mp->modes & SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER) &&
+        !(reg->triggerFlags & (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE)))
+        return ERROR_INVALID_PARAMETER;
+    if (r != NULL && r->serial != mp->serial && r->port_alive &&
+        (mp->modes & SN_MODEL_MODE_REMOVE_ANY_PORT)) {
+        /* Nothing in the reference pages says a REMOVE or DISABLE is
+           checked against the port it is sent to: the registration is
+           the socket's, whichever port holds it. So it acts there, and
+           its REMOVE event goes to that port. */
+        model_port_t *holder = model__port_of(r->serial);
+        if (holder != NULL) {
+            mp = holder;
+            iocp = holder->iocp;
+        }
+    }
+    if (r == NULL || r->serial != mp->serial || !r->port_alive ||
+        (r->state == MODEL_REMOVING && reg->operation == SOCK_NOTIFY_OP_REMOVE))
+        return ERROR_NOT_FOUND;
+    if (!model__is_socket(reg->socket, &type)) {
+        model__closed(iocp, mp, r);
+        return WSAENOTSOCK;
+    }
+    if (r->armed && r->state == MODEL_LIVE) {
+        /* Rule 3: a notification queued just before this operation. */
+        uint8_t ready = model__ready(r->socket, r->filter);
+        if (model__is_edge(r))
+            ready &= (uint8_t)~r->high;
+        if (ready != 0)
+            PostQueuedCompletionStatus(iocp, MODEL_QUEUED | ready, r->key, NULL);
+    }
+    poly.completionKey = (PVOID)r->key;
+    if ((error = model__afd(iocp, 1, &poly, 0, 0, NULL,
+                                                     NULL)) == 0)
+        error = poly.registrationResult;
+    if (error != 0)
+        return error;
+    r->armed = 0;
+    if (reg->operation == SOCK_NOTIFY_OP_REMOVE) {
+        r->state = MODEL_REMOVING;
+        r->removes++;
+    }
+    return 0;
+}
+
+/* Apply one caller registration (model lock held): the model's rules,
+   then the polyfill, register-only. */
+static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATION *reg) {
+    model_reg_t *r = model__find(reg->socket);
 
     if (r != NULL && !model__same_socket(r)) {
         /* closesocket() ended that registration; the value was reused. */
@@ -460,145 +635,11 @@ static DWORD model__apply(HANDLE iocp, model_port_t *mp, SOCK_NOTIFY_REGISTRATIO
     switch (reg->operation) {
     case SOCK_NOTIFY_OP_NONE:
         return 0;
-    case SOCK_NOTIFY_OP_ENABLE: {
-        uint8_t high = 0;
-        if ((error = model__check_enable(reg)) != 0)
-            return error;
-        if (!model__is_socket(reg->socket, &type))
-            return WSAENOTSOCK;
-        if (model__is_refused(reg->socket))
-            return MODEL_ERR_PROVIDER;
-        if (r != NULL && (r->serial != mp->serial || !r->port_alive)) {
-            if (!(mp->modes & SN_MODEL_MODE_ENABLE_OVERWRITES))
-                return MODEL_ERR_TIED;
-            /* "Re-registering ... overwrites the existing registration":
-               the other port's registration ends, silently (its port
-               hears nothing more of the socket), and this one begins --
-               unless the socket's handle is associated with that port
-               (SN_MODEL_MODE_TIES_SOCKET), which CreateIoCompletionPort
-               refuses to undo. */
-            if ((mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
-                (error = model__tie(iocp, mp, reg)) != 0)
-                return error;
-            model__overwritten(r);
-            r = NULL;
-        }
-        if (reg->triggerFlags & SOCK_NOTIFY_TRIGGER_EDGE)
-            high = model__ready(reg->socket, reg->eventFilter);
-        if (r == NULL && (mp->modes & SN_MODEL_MODE_TIES_SOCKET) &&
-            (error = model__tie(iocp, mp, reg)) != 0)
-            return error;
-        if (r == NULL) {
-            r = calloc(1, sizeof *r);
-            if (r == NULL)
-                return ERROR_NOT_ENOUGH_MEMORY;
-            r->socket = reg->socket;
-            r->serial = mp->serial;
-            r->port_alive = 1;
-            r->key = (ULONG_PTR)reg->completionKey;
-            model__fingerprint(reg->socket, &r->name, &r->name_len, &r->peer, &r->peer_len,
-                               &r->type);
-            poly.completionKey = (PVOID)r->key;
-            {
-                /* Filled in only if the polyfill accepts. */
-                model_reg_t probe = *r;
-                probe.filter = reg->eventFilter;
-                probe.trigger = reg->triggerFlags;
-                probe.high = high;
-                model__poly_enable(&probe, &poly);
-            }
-            /* Room in the table first: nothing may fail once the
-               polyfill has the registration. */
-            if ((error = (DWORD)sn_hash_reserve(&model__table)) == 0 &&
-                (error = model__afd(iocp, 1, &poly, 0, 0, NULL,
-                                                             NULL)) == 0)
-                error = poly.registrationResult;
-            if (error != 0) {
-                free(r);
-                return error;
-            }
-            sn_hash_put(&model__table, (uint64_t)r->socket, (uint64_t)(uintptr_t)r);
-        } else {
-            /* Rule 1: whatever key the caller gives, the first one stays. */
-            model_reg_t probe = *r;
-            if ((mp->modes & SN_MODEL_MODE_NO_ENABLE_WHILE_ARMED) && r->armed &&
-                r->state == MODEL_LIVE)
-                return MODEL_ERR_ARMED;
-            if ((mp->modes & SN_MODEL_MODE_QUEUED_BEFORE_MODIFY) && r->armed &&
-                r->state == MODEL_LIVE) {
-                /* What an armed registration whose socket is ready has
-                   queued already stays queued: delivered after this
-                   ENABLE, with the events of the filter it replaces (the
-                   polyfill would filter a completed poll with the new). */
-                uint8_t ready = model__ready(r->socket, r->filter);
-                if (model__is_edge(r))
-                    ready &= (uint8_t)~r->high;
-                if (ready != 0)
-                    PostQueuedCompletionStatus(iocp, MODEL_QUEUED | ready, r->key, NULL);
-            }
-            probe.filter = reg->eventFilter;
-            probe.trigger = reg->triggerFlags;
-            probe.high = high;
-            model__poly_enable(&probe, &poly);
-            if ((error = model__afd(iocp, 1, &poly, 0, 0, NULL,
-                                                             NULL)) == 0)
-                error = poly.registrationResult;
-            if (error != 0)
-                return error;
-        }
-        r->filter = reg->eventFilter;
-        r->trigger = reg->triggerFlags;
-        r->high = high;
-        r->edge_dirty = 0;
-        r->armed = 1;
-        r->state = MODEL_LIVE;
-        return 0;
-    }
+    case SOCK_NOTIFY_OP_ENABLE:
+        return model__enable(iocp, mp, reg, r);
     case SOCK_NOTIFY_OP_DISABLE:
     case SOCK_NOTIFY_OP_REMOVE:
-        if (reg->operation == SOCK_NOTIFY_OP_DISABLE &&
-            (mp->modes & SN_MODEL_MODE_DISABLE_NEEDS_TRIGGER) &&
-            !(reg->triggerFlags & (SOCK_NOTIFY_TRIGGER_LEVEL | SOCK_NOTIFY_TRIGGER_EDGE)))
-            return ERROR_INVALID_PARAMETER;
-        if (r != NULL && r->serial != mp->serial && r->port_alive &&
-            (mp->modes & SN_MODEL_MODE_REMOVE_ANY_PORT)) {
-            /* Nothing in the reference pages says a REMOVE or DISABLE is
-               checked against the port it is sent to: the registration is
-               the socket's, whichever port holds it. So it acts there, and
-               its REMOVE event goes to that port. */
-            model_port_t *holder = model__port_of(r->serial);
-            if (holder != NULL) {
-                mp = holder;
-                iocp = holder->iocp;
-            }
-        }
-        if (r == NULL || r->serial != mp->serial || !r->port_alive ||
-            (r->state == MODEL_REMOVING && reg->operation == SOCK_NOTIFY_OP_REMOVE))
-            return ERROR_NOT_FOUND;
-        if (!model__is_socket(reg->socket, &type)) {
-            model__closed(iocp, mp, r);
-            return WSAENOTSOCK;
-        }
-        if (r->armed && r->state == MODEL_LIVE) {
-            /* Rule 3: a notification queued just before this operation. */
-            uint8_t ready = model__ready(r->socket, r->filter);
-            if (model__is_edge(r))
-                ready &= (uint8_t)~r->high;
-            if (ready != 0)
-                PostQueuedCompletionStatus(iocp, MODEL_QUEUED | ready, r->key, NULL);
-        }
-        poly.completionKey = (PVOID)r->key;
-        if ((error = model__afd(iocp, 1, &poly, 0, 0, NULL,
-                                                         NULL)) == 0)
-            error = poly.registrationResult;
-        if (error != 0)
-            return error;
-        r->armed = 0;
-        if (reg->operation == SOCK_NOTIFY_OP_REMOVE) {
-            r->state = MODEL_REMOVING;
-            r->removes++;
-        }
-        return 0;
+        return model__disable(iocp, mp, reg, r);
     default:
         return ERROR_INVALID_PARAMETER;
     }

@@ -23,14 +23,15 @@
  * Wait again for the time left. A wait whose every packet was dropped
  * (stale, a wake-up meant for a sibling, a reserved key) must not end the
  * call: the caller asked to wait until something happened or the timeout
- * passed. sn__run owns that retry for every backend. The AFD polyfill has
- * a loop of its own inside its one call (sn_afd.c), because it stands in
- * for the OS function, which never returns for its own packets -- that
- * loop is part of being ProcessSocketNotifications, and uses the same
- * deadline arithmetic (sn_deadline, sn_time_left: sn_platform.h). What is
- * left to Python is only the retry after a signal (PEP 475), since a
- * signal's Python handler runs only between two calls into the core; it
- * hands the time left back as milliseconds, rounded by sn__wait_ms.
+ * passed. sn__run owns that retry for every backend (sn__run_wait). The
+ * AFD polyfill has a loop of its own inside its one call (sn_afd.c),
+ * because it stands in for the OS function, which never returns for its
+ * own packets -- that loop is part of being ProcessSocketNotifications,
+ * and uses the same deadline arithmetic (sn_deadline, sn_time_left:
+ * sn_platform.h). What is left to Python is only the retry after a signal
+ * (PEP 475), since a signal's Python handler runs only between two calls
+ * into the core; it hands the time left back as milliseconds, rounded by
+ * sn__wait_ms.
  *
  * Timeouts. The Python side hands every timeout over as milliseconds in a
  * double (seconds * 1000.0) and the core rounds it, once, in sn__wait_ms:
@@ -464,6 +465,102 @@ static int sn__wait_again(sn_layer_t *port, int err, uint32_t reported, uint32_t
     return 1;
 }
 
+/* After a wait whose every event was dropped, before the wait again (lock
+   taken and left here): the ENABLEs that waited for a REMOVE event just
+   dequeued, as the next wait's batch (*total, all of them *ndeferred), as
+   many as the scratch and the answer have room for; the rest stay on
+   their list for the next call. On an ordered port they are applied at
+   once; otherwise the batch is on its way (*unapplied). Returns 0 if one
+   of them failed, reported: the call ends. */
+static int sn__run_next(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
+                        sn_scratch_t *s, sn_kevent_t *events, uint32_t max_events,
+                        uint32_t base, sn_sink_t *sink, int runner, uint32_t *total,
+                        uint32_t *ndeferred, int *unapplied) {
+    uint32_t room;
+    sn_mutex_lock(&port->lock);
+    (void)sn__scratch_fit(port, s, port->deferred_count);
+    room = sn__room_left(sink, max_events, base);
+    *total = *ndeferred = sn__prepare_deferred(port, s->kregs, s->memos,
+                                               room < s->cap ? room : s->cap);
+    if (*total != 0 && runner) {
+        if (port->ordered) {
+            uint32_t before = sink->n + sink->io;
+            (void)sn__apply_ordered(port, flags, regs, s, events, 0, *total, max_events, base,
+                                    sink);
+            *total = *ndeferred = 0;
+            if (sink->n + sink->io != before) {
+                sn_mutex_unlock(&port->lock);
+                return 0;    /* a deferred ENABLE failed: reported */
+            }
+        } else {
+            port->unapplied++;
+            *unapplied = 1;
+        }
+    }
+    sn_mutex_unlock(&port->lock);
+    return 1;
+}
+
+/* A call's second half: the wait, which applies the batch at hand
+   (`total` registrations: the caller's `callers` first, `ndeferred`
+   deferred ENABLEs among them), settles it and delivers what it
+   dequeued; then the wait again for the time left while everything
+   dequeued was dropped (the top of this file). Returns the call's error;
+   *unapplied is cleared once a batch on its way is settled. */
+static int sn__run_wait(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
+                        sn_scratch_t *s, sn_kevent_t *events, uint32_t max_events,
+                        uint32_t base, sn_sink_t *sink, int runner, uint32_t callers,
+                        uint32_t total, uint32_t ndeferred, int64_t timeout_ms,
+                        int64_t deadline, int *unapplied) {
+    uint32_t rounds = 0;
+    int err = 0;
+    for (;;) {
+        uint32_t got = 0, dropped = 0, reported = 0, room, wait_max;
+        int deferred = 0;
+        /* Room for the events of this wait: the answer's, less what is
+           written already and one entry per deferred ENABLE in the batch.
+           None left (a caller with room for one, and a deferred ENABLE):
+           the batch is applied without waiting, then the wait follows. */
+        room = sn__room_left(sink, max_events, base);
+        wait_max = room > ndeferred ? room - ndeferred : 0;
+        err = port->base.ops->process(&port->base, s->kregs, total,
+                                      wait_max != 0 ? timeout_ms : 0, events, wait_max,
+                                      &got, &dropped);
+        if (total != 0 || got != 0) {
+            sn_mutex_lock(&port->lock);
+            if (total != 0) {
+                uint32_t before = sink->n;
+                sn__settle(port, flags, regs, s->kregs, s->memos, callers, total, err);
+                sn__report_deferred_failures(s->kregs, s->memos, callers, total, sink);
+                reported += sink->n - before;
+                total = 0;   /* registrations are applied once, by the first call */
+                callers = 0;
+                port->unapplied -= (uint32_t)*unapplied;   /* settled */
+                *unapplied = 0;
+            }
+            reported += sn__deliver(port, events, got, sink);
+            deferred = port->deferred_count != 0;
+            sn_mutex_unlock(&port->lock);
+        }
+        if (max_events == 0)
+            break;    /* registrations only: deferred ENABLEs wait for a call with room */
+        if (wait_max == 0) {
+            /* Only applied, to keep room for its failures: now the wait. */
+            if (err != 0 || reported != 0 || sn_atomic_load(&port->base.closing))
+                break;
+        } else if (!sn__wait_again(port, err, reported, got, dropped, deferred, &rounds,
+                                   deadline, &timeout_ms)) {
+            break;
+        }
+        /* Everything dequeued was dropped: wait again for what is left,
+           with the ENABLEs that waited for a REMOVE event just dequeued. */
+        if (!sn__run_next(port, flags, regs, s, events, max_events, base, sink, runner, &total,
+                          &ndeferred, unapplied))
+            break;
+    }
+    return err;
+}
+
 /* The one routine behind sn_port_process() and sn_port_select(): apply
    re-arms and changes, wait, translate; wait again for the time left while
    everything dequeued was dropped. The caller has entered the port. */
@@ -473,7 +570,7 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
     sn_scratch_t scratch;
     sn_kevent_t stack_events[SN_STACK_EVENTS];
     sn_kevent_t *events = stack_events;
-    uint32_t total = 0, refused = 0, callers = count, rounds = 0;
+    uint32_t total = 0, refused = 0, callers = count;
     /* The deferred ENABLEs in the batch at hand: each may fail, and its
        failure takes an entry of the answer, so the wait is asked for that
        many events fewer (the answer's room: max_events entries, of which
@@ -535,70 +632,8 @@ int sn__run(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
             goto out;
     }
 
-    for (;;) {
-        uint32_t got = 0, dropped = 0, reported = 0, room, wait_max;
-        int deferred = 0;
-        /* Room for the events of this wait: the answer's, less what is
-           written already and one entry per deferred ENABLE in the batch.
-           None left (a caller with room for one, and a deferred ENABLE):
-           the batch is applied without waiting, then the wait follows. */
-        room = sn__room_left(sink, max_events, base);
-        wait_max = room > ndeferred ? room - ndeferred : 0;
-        err = port->base.ops->process(&port->base, scratch.kregs, total,
-                                      wait_max != 0 ? timeout_ms : 0, events, wait_max,
-                                      &got, &dropped);
-        if (total != 0 || got != 0) {
-            sn_mutex_lock(&port->lock);
-            if (total != 0) {
-                uint32_t before = sink->n;
-                sn__settle(port, flags, regs, scratch.kregs, scratch.memos, callers, total, err);
-                sn__report_deferred_failures(scratch.kregs, scratch.memos, callers, total, sink);
-                reported += sink->n - before;
-                total = 0;   /* registrations are applied once, by the first call */
-                callers = 0;
-                port->unapplied -= (uint32_t)unapplied;   /* settled */
-                unapplied = 0;
-            }
-            reported += sn__deliver(port, events, got, sink);
-            deferred = port->deferred_count != 0;
-            sn_mutex_unlock(&port->lock);
-        }
-        if (max_events == 0)
-            break;    /* registrations only: deferred ENABLEs wait for a call with room */
-        if (wait_max == 0) {
-            /* Only applied, to keep room for its failures: now the wait. */
-            if (err != 0 || reported != 0 || sn_atomic_load(&port->base.closing))
-                break;
-        } else if (!sn__wait_again(port, err, reported, got, dropped, deferred, &rounds,
-                                   deadline, &timeout_ms)) {
-            break;
-        }
-        /* Everything dequeued was dropped: wait again for what is left,
-           with the ENABLEs that waited for a REMOVE event just dequeued
-           (as many as the scratch and the answer have room for; the rest
-           stay on their list for the next call). */
-        sn_mutex_lock(&port->lock);
-        (void)sn__scratch_fit(port, &scratch, port->deferred_count);
-        room = sn__room_left(sink, max_events, base);
-        total = ndeferred = sn__prepare_deferred(port, scratch.kregs, scratch.memos,
-                                                 room < scratch.cap ? room : scratch.cap);
-        if (total != 0 && runner) {
-            if (port->ordered) {
-                uint32_t before = sink->n + sink->io;
-                (void)sn__apply_ordered(port, flags, regs, &scratch, events, 0, total,
-                                        max_events, base, sink);
-                total = ndeferred = 0;
-                if (sink->n + sink->io != before) {
-                    sn_mutex_unlock(&port->lock);
-                    break;    /* a deferred ENABLE failed: reported */
-                }
-            } else {
-                port->unapplied++;
-                unapplied = 1;
-            }
-        }
-        sn_mutex_unlock(&port->lock);
-    }
+    err = sn__run_wait(port, flags, regs, &scratch, events, max_events, base, sink, runner,
+                       callers, total, ndeferred, timeout_ms, deadline, &unapplied);
 out:
     sn__order_leave(port, runner, unapplied);
     sn__scratch_release(&scratch);

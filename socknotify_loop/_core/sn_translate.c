@@ -321,6 +321,127 @@ static void sn__unapply(sn_layer_t *port, const sn_registration_t *kreg, sn_memo
     (void)sn__rec_restore(port, record, p->before);
 }
 
+/* A change the batch skipped (lock held): one merged into an earlier
+   ENABLE of the batch takes that one's verdict; a re-key's ENABLE whose
+   REMOVE a call that failed as a whole carried hears the call's error. */
+static void sn__settle_skipped(sn_layer_t *port, sn_registration_t *regs, const sn_memo_t *p,
+                               uint32_t i, uint32_t callers, int failed_whole,
+                               int call_error) {
+    if (p->kind == SN_MEMO_MERGED && i < callers) {
+        /* Merged into an earlier ENABLE of the batch: its verdict. */
+        regs[i].result = regs[p->recno].result;
+        return;
+    }
+    if (p->waits != SN_WAITS_NONE && failed_whole) {
+        /* Its REMOVE never reached the kernel: nothing to wait
+           for. (Unless the REMOVE event came meanwhile and the
+           record was reborn, or the owner took the ENABLE back.) */
+        if (port->records[p->recno].state == SN_REC_REKEYING)
+            (void)sn__rec_take_back(port, &port->records[p->recno]);
+        regs[i].result = (uint32_t)call_error;
+    }
+}
+
+/* A registration the kernel did not apply (SN_RESULT_UNAPPLIED_BIT; lock
+   held). Returns 1 if it is settled; 0 if its socket is gone meanwhile,
+   its result then the error it failed with, to be settled as any failed
+   change is. `reg` is the caller's, NULL for one of the port's own. */
+static int sn__settle_unapplied(sn_layer_t *port, sn_registration_t *reg,
+                                sn_registration_t *kreg, sn_memo_t *p, int call_error) {
+    /* Not applied: a call that carried it failed as a whole, and
+       "no changes occurred". Unless its socket is gone meanwhile
+       (closesocket() ended the registration: then it failed as any
+       change fails, sn__settle_refused), the record goes back to what it was
+       -- a re-key's REMOVE undone with the ENABLE that waited --
+       and the change's owner hears the call's error. */
+    uint32_t error = kreg->result == SN_RESULT_UNAPPLIED
+                         ? (uint32_t)call_error
+                         : kreg->result & ~SN_RESULT_UNAPPLIED_BIT;
+    sn_record_t *record = &port->records[p->recno];
+    if (kreg->result == SN_RESULT_UNAPPLIED || record->state == SN_REC_FREE ||
+        SN_KERNEL_KEY(p->recno, record->generation) != kreg->key ||
+        sn__socket_gone(port, record) == 0) {
+        /* A quiet REMOVE is the port's to finish: its caller
+           forgets the registration (sn__prepare_unsent). */
+        if (kreg->op == SN_OP_REMOVE && (kreg->trigger & SN_TRIGGER_QUIET) &&
+            p->waits == SN_WAITS_NONE && record->state == SN_REC_REMOVING &&
+            SN_KERNEL_KEY(p->recno, record->generation) == kreg->key &&
+            sn__unsent_push(port, p->recno)) {
+            if (reg != NULL)
+                reg->result = 0;
+            return 1;
+        }
+        if (reg != NULL)
+            reg->result = error;
+        sn__unapply(port, kreg, p);
+        return 1;
+    }
+    kreg->result = error;
+    return 0;
+}
+
+/* A change the kernel applied, of the record's current generation (lock
+   held). */
+static void sn__settle_applied(sn_layer_t *port, uint32_t flags, const sn_registration_t *kreg,
+                               uint32_t recno, sn_record_t *record, int key_fixed) {
+    if (kreg->op == SN_OP_ENABLE)
+        (void)sn__rec_held(port, record, 1);
+    /* In the backend's own meaning: epoll's DISABLE deletes the
+       item; ProcessSocketNotifications' disarms a registration
+       that stays (SN_CAP_DISABLE_KEEPS), which the next ENABLE
+       renews, with a renewal's checks. */
+    else if (kreg->op == SN_OP_DISABLE &&
+             !(port->base.ops->caps & SN_CAP_DISABLE_KEEPS))
+        (void)sn__rec_held(port, record, 0);
+    /* A quiet REMOVE retires now: nothing more will be reported
+       under this registration's key. Not where the kernel keeps
+       the key until the REMOVE event: the record waits for it. */
+    else if (kreg->op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE) &&
+             !key_fixed)
+        sn__record_retire(port, recno);
+}
+
+/* A change the kernel refused, of the record's current generation (lock
+   held). `caller`: the change is the caller's, not one of the port's own. */
+static void sn__settle_refused(sn_layer_t *port, sn_registration_t *kreg, sn_memo_t *p,
+                               sn_record_t *record, int caller) {
+    if (p->kind == SN_MEMO_DEFERRED) {
+        /* An ENABLE its owner was told succeeded (it waited for a
+           REMOVE event): the owner hears of the failure as an error
+           event, reported by sn__run with these fields. */
+        kreg->key = record->user_key;
+        kreg->events = record->events;
+        p->kind = SN_MEMO_DEFERRED_FAILED;
+        sn__record_retire(port, p->recno);
+        return;
+    }
+    if (p->kind == SN_MEMO_RESENT) {
+        /* A quiet REMOVE sent again failed: the socket is gone (or
+           the registration with it), and no REMOVE event will come. */
+        if (record->state == SN_REC_REKEYING)
+            sn__rebirth(port, p->recno);
+        else
+            sn__record_retire(port, p->recno);
+        return;
+    }
+    /* A failed re-arm of ours: the descriptor went away under its
+       owner (the record is not retired: see sn__prepare_rearms). The kernel has nothing armed for it, so nothing can be
+       delivered; the record stays, so that the owner's next change
+       meets the same error (a modify, like epoll_ctl MOD: ENOENT) and
+       its REMOVE retires it. */
+    if (!caller)
+        return;
+    /* A failed REMOVE means the socket is already gone (closesocket
+       deregistered it silently): no REMOVE event will come, so an
+       ENABLE waiting for one goes ahead now. A failed ENABLE leaves
+       the kernel's view unknown. Either way nothing more may be
+       delivered under this registration's key. */
+    if (kreg->op == SN_OP_REMOVE && record->state == SN_REC_REKEYING)
+        sn__rebirth(port, p->recno);
+    else if (kreg->op == SN_OP_REMOVE || kreg->op == SN_OP_ENABLE)
+        sn__record_retire(port, p->recno);
+}
+
 /* Read the kernel's verdicts back into the table (lock held). The first
    `callers` kernel registrations are the caller's; the rest are the port's
    own re-arms and deferred ENABLEs, whose verdicts settle the table but
@@ -340,52 +461,13 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
         sn_memo_t *p = &memos[i];
         sn_record_t *record;
         if (p->skip) {
-            if (p->kind == SN_MEMO_MERGED && i < callers) {
-                /* Merged into an earlier ENABLE of the batch: its verdict. */
-                regs[i].result = regs[p->recno].result;
-                continue;
-            }
-            if (p->waits != SN_WAITS_NONE && failed_whole) {
-                /* Its REMOVE never reached the kernel: nothing to wait
-                   for. (Unless the REMOVE event came meanwhile and the
-                   record was reborn, or the owner took the ENABLE back.) */
-                if (port->records[p->recno].state == SN_REC_REKEYING)
-                    (void)sn__rec_take_back(port, &port->records[p->recno]);
-                regs[i].result = (uint32_t)call_error;
-            }
+            sn__settle_skipped(port, regs, p, i, callers, failed_whole, call_error);
             continue;
         }
-        if (kregs[i].result & SN_RESULT_UNAPPLIED_BIT) {
-            /* Not applied: a call that carried it failed as a whole, and
-               "no changes occurred". Unless its socket is gone meanwhile
-               (closesocket() ended the registration: then it failed as any
-               change fails, below), the record goes back to what it was
-               -- a re-key's REMOVE undone with the ENABLE that waited --
-               and the change's owner hears the call's error. */
-            uint32_t error = kregs[i].result == SN_RESULT_UNAPPLIED
-                                 ? (uint32_t)call_error
-                                 : kregs[i].result & ~SN_RESULT_UNAPPLIED_BIT;
-            record = &port->records[p->recno];
-            if (kregs[i].result == SN_RESULT_UNAPPLIED || record->state == SN_REC_FREE ||
-                SN_KERNEL_KEY(p->recno, record->generation) != kregs[i].key ||
-                sn__socket_gone(port, record) == 0) {
-                /* A quiet REMOVE is the port's to finish: its caller
-                   forgets the registration (sn__prepare_unsent). */
-                if (kregs[i].op == SN_OP_REMOVE && (kregs[i].trigger & SN_TRIGGER_QUIET) &&
-                    p->waits == SN_WAITS_NONE && record->state == SN_REC_REMOVING &&
-                    SN_KERNEL_KEY(p->recno, record->generation) == kregs[i].key &&
-                    sn__unsent_push(port, p->recno)) {
-                    if (i < callers)
-                        regs[i].result = 0;
-                    continue;
-                }
-                if (i < callers)
-                    regs[i].result = error;
-                sn__unapply(port, &kregs[i], p);
-                continue;
-            }
-            kregs[i].result = error;
-        }
+        if ((kregs[i].result & SN_RESULT_UNAPPLIED_BIT) &&
+            sn__settle_unapplied(port, i < callers ? &regs[i] : NULL, &kregs[i], p,
+                                 call_error))
+            continue;
         if (i < callers)
             /* A re-key's REMOVE is ours: the caller's ENABLE waits. */
             regs[i].result = p->waits == SN_WAITS_REKEY ? 0 : kregs[i].result;
@@ -394,58 +476,9 @@ void sn__settle(sn_layer_t *port, uint32_t flags, sn_registration_t *regs,
            left to settle. */
         if (SN_KERNEL_KEY(p->recno, record->generation) != kregs[i].key)
             continue;
-        if (kregs[i].result == 0) {
-            if (kregs[i].op == SN_OP_ENABLE)
-                (void)sn__rec_held(port, record, 1);
-            /* In the backend's own meaning: epoll's DISABLE deletes the
-               item; ProcessSocketNotifications' disarms a registration
-               that stays (SN_CAP_DISABLE_KEEPS), which the next ENABLE
-               renews, with a renewal's checks. */
-            else if (kregs[i].op == SN_OP_DISABLE &&
-                     !(port->base.ops->caps & SN_CAP_DISABLE_KEEPS))
-                (void)sn__rec_held(port, record, 0);
-            /* A quiet REMOVE retires now: nothing more will be reported
-               under this registration's key. Not where the kernel keeps
-               the key until the REMOVE event: the record waits for it. */
-            else if (kregs[i].op == SN_OP_REMOVE && (flags & SN_PROCESS_QUIET_REMOVE) &&
-                     !key_fixed)
-                sn__record_retire(port, p->recno);
-            continue;
-        }
-        if (p->kind == SN_MEMO_DEFERRED) {
-            /* An ENABLE its owner was told succeeded (it waited for a
-               REMOVE event): the owner hears of the failure as an error
-               event, reported by sn__run with these fields. */
-            kregs[i].key = record->user_key;
-            kregs[i].events = record->events;
-            p->kind = SN_MEMO_DEFERRED_FAILED;
-            sn__record_retire(port, p->recno);
-            continue;
-        }
-        if (p->kind == SN_MEMO_RESENT) {
-            /* A quiet REMOVE sent again failed: the socket is gone (or
-               the registration with it), and no REMOVE event will come. */
-            if (record->state == SN_REC_REKEYING)
-                sn__rebirth(port, p->recno);
-            else
-                sn__record_retire(port, p->recno);
-            continue;
-        }
-        /* A failed re-arm of ours: the descriptor went away under its
-           owner (the record is not retired: see sn__prepare_rearms). The kernel has nothing armed for it, so nothing can be
-           delivered; the record stays, so that the owner's next change
-           meets the same error (a modify, like epoll_ctl MOD: ENOENT) and
-           its REMOVE retires it. */
-        if (i >= callers)
-            continue;
-        /* A failed REMOVE means the socket is already gone (closesocket
-           deregistered it silently): no REMOVE event will come, so an
-           ENABLE waiting for one goes ahead now. A failed ENABLE leaves
-           the kernel's view unknown. Either way nothing more may be
-           delivered under this registration's key. */
-        if (kregs[i].op == SN_OP_REMOVE && record->state == SN_REC_REKEYING)
-            sn__rebirth(port, p->recno);
-        else if (kregs[i].op == SN_OP_REMOVE || kregs[i].op == SN_OP_ENABLE)
-            sn__record_retire(port, p->recno);
+        if (kregs[i].result == 0)
+            sn__settle_applied(port, flags, &kregs[i], p->recno, record, key_fixed);
+        else
+            sn__settle_refused(port, &kregs[i], p, record, i < callers);
     }
 }
