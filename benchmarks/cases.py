@@ -435,10 +435,21 @@ async def _watch_idle(pairs, how: str):
         return undo, []
 
     writers, tasks = [], []
-    for client, _ in pairs:
-        reader, writer = await asyncio.open_connection(sock=client)
-        writers.append(writer)
-        tasks.append(asyncio.ensure_future(reader.read(1)))
+    try:
+        for client, _ in pairs:
+            reader, writer = await asyncio.open_connection(sock=client)
+            writers.append(writer)
+            tasks.append(asyncio.ensure_future(reader.read(1)))
+    except BaseException:
+        # A loop that cannot take them all (one that dup()s each socket
+        # runs out of descriptors half way) gives back what it took, or the
+        # next loops measured in this process would start without them.
+        for task in tasks:
+            task.cancel()
+        for writer in writers:
+            writer.close()
+        await asyncio.sleep(0)
+        raise
 
     def undo():
         for writer in writers:
