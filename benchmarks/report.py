@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 
 from . import targets
-from .loops import CONTROLS, REFERENCES
+from .loops import CONTROLS, OURS, REFERENCES
 from .present import (
     CASE_LABELS,
     control_band,
@@ -169,6 +170,83 @@ def rate_table(section: dict, platform: str) -> list[str]:
                 else:
                     cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _paired(cells: dict, loop: str, ours: str) -> list[float]:
+    """``loop``'s rate over ``ours`` in each round both were measured."""
+    theirs = (cells.get(loop) or {}).get("per_round", {})
+    mine = (cells.get(ours) or {}).get("per_round", {})
+    return sorted(theirs[r] / mine[r] for r in theirs if r in mine and mine[r] > 0)
+
+
+def _verdict(median: float, band: tuple[float, float] | None) -> str:
+    """Where a peer stands against ours, in the A/A band's terms."""
+    low, high = band or (1.0, 1.0)
+    if median > high:
+        return "ahead"
+    if median < low:
+        return "behind"
+    return "tie"
+
+
+def peers_against_ours(section: dict, platform: str) -> list[str]:
+    """Each other loop's rate over ours (the first of ours measured), paired
+    within each round, per case; then one sentence per peer, written from
+    those medians and the run's A/A band."""
+    ours_list = [n for n in section.get("ours", []) if n in section.get("usable", [])]
+    if not ours_list:
+        return []
+    ours = ours_list[0]
+    summary = first_summary(section)
+    peers = [n for n in section["usable"]
+             if n not in OURS and n not in CONTROLS and n not in REFERENCES[platform]]
+    if not peers:
+        return []
+    band_info = control_band(section)
+    band = inner_band(band_info[2]) if band_info else None
+    lines = [(f"Each peer's rate over that of {label(ours)}, taken within each round and "
+              "its median (min-max) reported: above 1.00x the peer did more per second. '-': not "
+              "measured, or one of the two failed (the table above says which)."), "",
+             "| case | " + " | ".join(f"{label(p)} / {label(ours)}" for p in peers) + " |",
+             "|" + " --- |" * (len(peers) + 1)]
+    medians: dict = {p: {} for p in peers}
+    for case in TIMED_CASES:
+        cells = summary.get(case, {}).get("loops", {})
+        if ours not in cells:
+            continue
+        row = [CASE_LABELS.get(case, case)]
+        for peer in peers:
+            ratios = _paired(cells, peer, ours)
+            if not ratios:
+                row.append("-")
+                continue
+            stats = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+            medians[peer][case] = stats["median"]
+            row.append(fmt_stats(stats, fmt_ratio))
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    if band:
+        lines += [(f"In words (a median inside the A/A band, {band[0]:.2f}x-{band[1]:.2f}x, "
+                   "is a tie):"), ""]
+    for peer in peers:
+        if not medians[peer]:
+            lines.append(f"- {label(peer)}: no case measured on both.")
+            continue
+        groups: dict = {"ahead": [], "tie": [], "behind": []}
+        for median in medians[peer].values():
+            groups[_verdict(median, band)].append(median)
+        parts = []
+        for verdict, words in (("ahead", "faster than this loop"), ("tie", "tied"),
+                               ("behind", "slower")):
+            found = sorted(groups[verdict])
+            if found:
+                span = (fmt_ratio(found[0]) if found[0] == found[-1]
+                        else f"{fmt_ratio(found[0])}-{fmt_ratio(found[-1])}")
+                parts.append(f"{words} in {len(found)} ({span} of its rate)")
+        lines.append(f"- {label(peer)}: {', '.join(parts)}; of {len(medians[peer])} "
+                     "cases measured on both.")
+    lines.append("")
     return lines
 
 
@@ -543,6 +621,9 @@ def write(results: dict, results_path: str) -> str:
             continue
         rates = rate_table(section, name) if first_summary(section) else []
         out += [f"## {heading}", "", *control_line(section), *rates, ""]
+        versus = peers_against_ours(section, name)
+        if versus:
+            out += [f"### Each peer against this loop, {title}", "", *versus]
         http = http_table(section)
         if http:
             out += [f"### HTTP servers under wrk, {title}", "", *http]

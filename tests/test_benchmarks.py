@@ -260,6 +260,49 @@ def test_wrk_output_and_http_ratios_within_rounds(tmp_path):
     assert any(line.startswith("| zuvloop |") for line in answer["peers"])
 
 
+def test_each_peer_against_ours_paired_within_rounds_and_said_in_words(tmp_path):
+    """The peers' table divides each peer's rate by ours round by round;
+    its sentences say ahead, tie or behind from those medians and the A/A
+    band, and a failed figure is left out, not counted."""
+    answer = _script("""
+        import json
+        from benchmarks import report
+
+        def cell(*rates):
+            return {"per_round": {str(i): r for i, r in enumerate(rates) if r is not None},
+                    "stats": {"median": 1, "min": 1, "max": 1}, "error": None}
+
+        summary = {
+            "pingpong_streams": {"loops": {
+                "asyncio": cell(100, 100, 100), "asyncio-aa": cell(100, 110, 90),
+                "socknotify": cell(100, 100, 100), "uvloop": cell(150, 120, 200),
+                "rloop": cell(100, 105, 95)}},
+            "churn": {"loops": {
+                "asyncio": cell(10, 10, 10), "asyncio-aa": cell(10, 10, 10),
+                "socknotify": cell(10, 10, 10), "uvloop": cell(20, 20, 20),
+                "rloop": cell(5, 6, None)}},
+            "udp_pingpong": {"loops": {
+                "asyncio": cell(10, 10, 10), "asyncio-aa": cell(10, 10, 10),
+                "socknotify": cell(10, 10, 10), "uvloop": cell(10, 10, 10),
+                "rloop": {"per_round": {}, "stats": None, "error": "boom"}}},
+        }
+        section = {"usable": ["asyncio", "asyncio-aa", "socknotify", "uvloop", "rloop"],
+                   "ours": ["socknotify"], "summary": {"socknotify": summary}}
+        print(json.dumps(report.peers_against_ours(section, "linux")))
+        """, tmp_path)
+    text = "\n".join(answer)
+    assert "| case | uvloop / ours (epoll) | rloop / ours (epoll) |" in text
+    # uvloop over ours per round: 1.5, 1.2, 2.0 -> median 1.5 (1.2-2.0).
+    assert "| ping-pong, streams (100 B) | 1.50x (1.20x-2.00x) | 1.00x (0.95x-1.05x) |" in text
+    assert "| connection churn (connect, exchange, close) | 2.00x | 0.55x (0.50x-0.60x) |" in text
+    assert "| UDP datagram ping-pong (100 B) | 1.00x | - |" in text
+    assert "A/A band, 0.90x-1.10x" in text
+    assert ("- uvloop: faster than this loop in 2 (1.50x-2.00x of its rate), tied in 1 "
+            "(1.00x of its rate); of 3 cases measured on both.") in text
+    assert ("- rloop: tied in 1 (1.00x of its rate), slower in 1 (0.55x of its rate); "
+            "of 2 cases measured on both.") in text
+
+
 @pytest.mark.parametrize("kind", ["uvicorn", "aiohttp"])
 @pytest.mark.parametrize("loop", ["socknotify", "aiofastnet-socknotify"])
 def test_http_server_serves_on_the_loop_named(kind, loop, tmp_path):
