@@ -243,9 +243,10 @@ def peers_against_ours(section: dict, platform: str) -> list[str]:
             if found:
                 span = (fmt_ratio(found[0]) if found[0] == found[-1]
                         else f"{fmt_ratio(found[0])}-{fmt_ratio(found[-1])}")
-                parts.append(f"{words} in {len(found)} ({span} of its rate)")
-        lines.append(f"- {label(peer)}: {', '.join(parts)}; of {len(medians[peer])} "
-                     "cases measured on both.")
+                cases = "case" if len(found) == 1 else "cases"
+                parts.append(f"{words} in {len(found)} {cases} ({span} of its rate)")
+        lines.append(f"- {label(peer)}: {', '.join(parts)} ({len(medians[peer])} "
+                     "cases measured on both).")
     lines.append("")
     return lines
 

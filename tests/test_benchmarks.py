@@ -297,10 +297,10 @@ def test_each_peer_against_ours_paired_within_rounds_and_said_in_words(tmp_path)
     assert "| connection churn (connect, exchange, close) | 2.00x | 0.55x (0.50x-0.60x) |" in text
     assert "| UDP datagram ping-pong (100 B) | 1.00x | - |" in text
     assert "A/A band, 0.90x-1.10x" in text
-    assert ("- uvloop: faster than this loop in 2 (1.50x-2.00x of its rate), tied in 1 "
-            "(1.00x of its rate); of 3 cases measured on both.") in text
-    assert ("- rloop: tied in 1 (1.00x of its rate), slower in 1 (0.55x of its rate); "
-            "of 2 cases measured on both.") in text
+    assert ("- uvloop: faster than this loop in 2 cases (1.50x-2.00x of its rate), tied in "
+            "1 case (1.00x of its rate) (3 cases measured on both).") in text
+    assert ("- rloop: tied in 1 case (1.00x of its rate), slower in 1 case (0.55x of its "
+            "rate) (2 cases measured on both).") in text
 
 
 @pytest.mark.parametrize("kind", ["uvicorn", "aiohttp"])
