@@ -199,11 +199,6 @@ class _SelectorMapping(Mapping[Any, SelectorKey]):
 
 
 
-def _carries_io(got: int) -> bool:
-    """Whether a select call's positive answer carried I/O completion keys
-    (the encoding: ``sn_port_select`` in ``socknotify.h``)."""
-    return not got & ONE_PAIR and (got >> TAG_SHIFT) > _PAIRS
-
 class NotifySelector(selectors.BaseSelector):
     """A selector on one notification :class:`~socknotify_loop.port.Port`.
 
@@ -263,6 +258,9 @@ class NotifySelector(selectors.BaseSelector):
         #: proactor installs it. ``None``: a completion arriving anyway
         #: makes the select raise RuntimeError (its owner would wait for ever).
         self.io_completion_handler: IOCompletionHandler | None = None
+        # Answers whose I/O completions went to that handler: select() asks
+        # whether an answer had any without decoding it a second time.
+        self._io_answers = 0
         self._room = 0
         self._changes_room = 0
         #: What a loop's iteration reads (see :class:`LoopView`).
@@ -712,6 +710,7 @@ class NotifySelector(selectors.BaseSelector):
                 "is None: a handle was associated with the port behind the "
                 "loop's back)")
         start = _WORDS_PER_PAIR * pairs
+        self._io_answers += 1
         handler(self._out[start:start + count].tolist())
 
     def select(self, timeout: float | None = None) -> list[tuple[SelectorKey, int]]:
@@ -752,8 +751,9 @@ class NotifySelector(selectors.BaseSelector):
         while True:
             got = view.flush(wait) if view.pending else view.wait(view.port, wait)
             if got > 0:
+                io_answers = self._io_answers
                 ready = self._ready(self._answer(got))
-                if ready or _carries_io(got):
+                if ready or self._io_answers != io_answers:
                     # Ready keys, or I/O completions handed to their
                     # handler: the caller's loop runs what they scheduled.
                     return ready

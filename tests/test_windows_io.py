@@ -98,7 +98,11 @@ def test_io_completion_is_never_taken_for_a_socket():
         completed = []
         selector.io_completion_handler = completed.extend
         assert post(selector.port.os_handle, 0, IO_COMPLETION_KEY, tag)
-        assert selector.select(1) == []
+        # The completion alone ends the wait: its handler scheduled work
+        # the caller's loop must run (a wait that went on would take 30 s).
+        started = time.monotonic()
+        assert selector.select(30) == []
+        assert time.monotonic() - started < 15
         assert completed == [tag]
         b.send(b"x")
         assert [k.fileobj for k, _ in selector.select(1)] == [a]
