@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-from .runner import HERE, RAW, ROOT, stats
+from .runner import HERE, RAW, ROOT, paired_ratios, stats
 
 SERVER = os.path.join(HERE, "httpserve.py")
 KINDS = ("uvicorn", "aiohttp")
@@ -209,7 +209,7 @@ def summarise(records: List[dict], loops: List[str], reference: str = "asyncio")
     out = {"loops": {}, "reference": reference}
     for name, cell in per_loop.items():
         mine = cell["values"]
-        ratios = [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
+        ratios = paired_ratios(mine, theirs)
         out["loops"][name] = {"stats": stats(list(mine.values())),
                               "ratio": stats(ratios) if name != reference else None,
                               "per_round": mine, "served_by": cell["served_by"],

@@ -4,7 +4,7 @@ own noise band (its A/A control)."""
 from __future__ import annotations
 
 from .loops import CONTROLS
-from .runner import IDLE_SIZES, TIMED_CASES
+from .runner import IDLE_SIZES, TIMED_CASES, paired_ratios
 
 PLATFORM_NAMES = {"linux": "Linux", "wine": "Wine", "windows": "Windows"}
 LOOP_LABELS = {
@@ -85,7 +85,7 @@ def control_band(section: dict) -> tuple[str, str, list[float]] | None:
         cells = summary.get(case, {}).get("loops", {})
         mine = (cells.get(control) or {}).get("per_round", {})
         theirs = (cells.get(reference) or {}).get("per_round", {})
-        ratios += [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
+        ratios += paired_ratios(mine, theirs)
     return (control, reference, sorted(ratios)) if ratios else None
 
 

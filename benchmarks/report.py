@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 from . import targets
@@ -26,7 +25,15 @@ from .present import (
     inner_band,
     label,
 )
-from .runner import IDLE_SIZES, MEMORY_CASES, ROOT, TIMED_CASES, measured_idle_sizes
+from .runner import (
+    IDLE_SIZES,
+    MEMORY_CASES,
+    ROOT,
+    TIMED_CASES,
+    measured_idle_sizes,
+    paired_ratios,
+    stats,
+)
 
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 #: a run made natively on Windows has its own page: it does not replace the
@@ -173,13 +180,6 @@ def rate_table(section: dict, platform: str) -> list[str]:
     return lines
 
 
-def _paired(cells: dict, loop: str, ours: str) -> list[float]:
-    """``loop``'s rate over ``ours`` in each round both were measured."""
-    theirs = (cells.get(loop) or {}).get("per_round", {})
-    mine = (cells.get(ours) or {}).get("per_round", {})
-    return sorted(theirs[r] / mine[r] for r in theirs if r in mine and mine[r] > 0)
-
-
 def _verdict(median: float, band: tuple[float, float] | None) -> str:
     """Where a peer stands against ours, in the A/A band's terms."""
     low, high = band or (1.0, 1.0)
@@ -217,13 +217,13 @@ def peers_against_ours(section: dict, platform: str) -> list[str]:
             continue
         row = [CASE_LABELS.get(case, case)]
         for peer in peers:
-            ratios = _paired(cells, peer, ours)
-            if not ratios:
+            figure = stats(paired_ratios((cells.get(peer) or {}).get("per_round", {}),
+                                         cells[ours].get("per_round", {})))
+            if figure is None:
                 row.append("-")
                 continue
-            stats = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
-            medians[peer][case] = stats["median"]
-            row.append(fmt_stats(stats, fmt_ratio))
+            medians[peer][case] = figure["median"]
+            row.append(fmt_stats(figure, fmt_ratio))
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     if band:

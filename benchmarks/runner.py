@@ -273,6 +273,14 @@ def stats(values: List[float]) -> Optional[dict]:
             "min": min(values), "max": max(values), "n": len(values)}
 
 
+def paired_ratios(numerator: dict, denominator: dict) -> List[float]:
+    """One loop's figure over another's, round by round ({round: value}
+    each), for every round both measured: the pairing every ratio of the
+    benchmarks uses."""
+    return [numerator[r] / denominator[r] for r in numerator
+            if r in denominator and denominator[r] > 0]
+
+
 def summarise(records: List[dict], ours: str, references: List[str]) -> dict:
     """Per case and loop: median/min/max rate; per case: ratios of ours to
     each reference, paired within a round."""
@@ -298,7 +306,7 @@ def summarise(records: List[dict], ours: str, references: List[str]) -> dict:
         mine = per_loop.get(ours, {}).get("values", {})
         for ref in references:
             theirs = per_loop.get(ref, {}).get("values", {})
-            ratios = [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
+            ratios = paired_ratios(mine, theirs)
             ref_errors = per_loop.get(ref, {}).get("errors", [])
             entry["ratios"][ref] = {
                 "stats": stats(ratios),
